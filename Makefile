@@ -1,0 +1,43 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+# Both create .venv when it is missing and install the project into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+EXTRAS := xla-cpu,notebook,dev
+
+.PHONY: demo test lint venv bench browser-deps clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+# Debian's Chromium for the one real-browser test (never `playwright install`).
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium missing and not root: the browser test will be skipped"; fi; }
+
+lint: venv
+	$(VENV)/bin/ruff check workbench widgets tests bench
+	$(VENV)/bin/ruff format --check workbench widgets tests bench
+
+test: venv browser-deps lint
+	$(VENV)/bin/pytest -q
+
+demo: venv
+	$(PY) -m workbench demo
+
+bench: venv
+	PJRT_DEVICE=CPU $(PY) bench/bucketing.py
+	PJRT_DEVICE=CPU $(PY) bench/sharding.py
+	PJRT_DEVICE=CPU $(PY) bench/profiling.py
+	PJRT_DEVICE=CPU $(PY) bench/train.py
+
+clean:
+	rm -rf $(VENV) reports .pytest_cache build *.egg-info

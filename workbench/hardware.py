@@ -1,0 +1,328 @@
+"""Hardware detection: which backend runs the work, on how many chips, of what kind.
+
+`detect()` walks an ordered fallback, TPU (through torch_xla) -> CUDA -> XLA on the CPU
+(when ``PJRT_DEVICE=CPU`` asks for it) -> plain CPU, and returns a frozen `HardwareInfo`.
+
+What `detect()` initialises: for a TPU or XLA:CPU answer it imports torch_xla and
+starts the PJRT client (the XLA runtime); for CUDA it initialises torch's CUDA context;
+for plain CPU nothing. Importing this module starts nothing. Results are cached per
+``device_type``, so a second call is a dictionary look-up.
+
+The chip table (`CHIPS`) holds per-chip HBM, peak dense bf16 FLOP/s and memory
+bandwidth, with sources. Unknown values are None, never a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from workbench import runtime
+
+GiB = 1024**3
+GB = 1000**3
+TFLOPS = 1e12
+
+DeviceType = Literal["auto", "tpu", "cuda", "xla", "cpu"]
+
+
+class HardwareError(RuntimeError):
+    """The requested backend is not available; the message says what was found instead."""
+
+
+@dataclass(frozen=True)
+class ChipSpec:
+    """Published per-chip figures (a chip may hold several runtime devices: see `devices_per_chip`)."""
+
+    name: str
+    hbm_bytes: int
+    peak_bf16_flops: float
+    """Peak dense matrix FLOP/s in bf16; fp16 where the chip has no bf16 (`peak_is_fp16`)."""
+    hbm_bandwidth_bytes_per_s: float
+    devices_per_chip: int = 1
+    """Runtime devices per chip: 2 on TPU v2/v3 (one per TensorCore), 1 where cores are fused (megacore)."""
+    peak_is_fp16: bool = False
+
+
+# Sources: cloud.google.com/tpu/docs/system-architecture-tpu-vm and the per-version pages
+# (v2, v3, v4, v5e, v5p, v6e "Trillium"); NVIDIA datasheets for T4, P100, L4, A100, H100.
+CHIPS: dict[str, ChipSpec] = {
+    # TPU v2: 16 GiB HBM per chip (8 per core), 45 TFLOP/s bf16 per chip, 600 GB/s. Two cores = two devices.
+    "v2": ChipSpec("v2", 16 * GiB, 45 * TFLOPS, 600 * GB, devices_per_chip=2),
+    # TPU v3: 32 GiB per chip (16 per core), 123 TFLOP/s bf16, 900 GB/s. Two devices per chip.
+    "v3": ChipSpec("v3", 32 * GiB, 123 * TFLOPS, 900 * GB, devices_per_chip=2),
+    # TPU v4: 32 GiB HBM2, 275 TFLOP/s bf16, 1,200 GB/s; megacore: one device per chip.
+    "v4": ChipSpec("v4", 32 * GiB, 275 * TFLOPS, 1200 * GB),
+    # TPU v5e ("TPU v5 lite"): 16 GiB, 197 TFLOP/s bf16, 819 GB/s.
+    "v5e": ChipSpec("v5e", 16 * GiB, 197 * TFLOPS, 819 * GB),
+    # TPU v5p: 95 GiB, 459 TFLOP/s bf16, 2,765 GB/s.
+    "v5p": ChipSpec("v5p", 95 * GiB, 459 * TFLOPS, 2765 * GB),
+    # TPU v6e (Trillium, "TPU v6 lite"): 32 GiB, 918 TFLOP/s bf16, 1,640 GB/s.
+    "v6e": ChipSpec("v6e", 32 * GiB, 918 * TFLOPS, 1640 * GB),
+    # Tesla T4: 16 GB GDDR6, 65 TFLOP/s fp16 tensor (no bf16), 320 GB/s.
+    "t4": ChipSpec("t4", 16 * GB, 65 * TFLOPS, 320 * GB, peak_is_fp16=True),
+    # Tesla P100 (PCIe 16 GB): 18.7 TFLOP/s fp16 (no bf16, no tensor cores), 732 GB/s.
+    "p100": ChipSpec("p100", 16 * GB, 18.7 * TFLOPS, 732 * GB, peak_is_fp16=True),
+    # L4: 24 GB GDDR6, 121 TFLOP/s bf16 dense (242 with sparsity), 300 GB/s.
+    "l4": ChipSpec("l4", 24 * GB, 121 * TFLOPS, 300 * GB),
+    # A100 40 GB (SXM4): 312 TFLOP/s bf16 dense, 1,555 GB/s.
+    "a100-40gb": ChipSpec("a100-40gb", 40 * GB, 312 * TFLOPS, 1555 * GB),
+    # A100 80 GB (SXM4): 312 TFLOP/s bf16 dense, 2,039 GB/s.
+    "a100-80gb": ChipSpec("a100-80gb", 80 * GB, 312 * TFLOPS, 2039 * GB),
+    # H100 SXM5: 80 GB HBM3, 989 TFLOP/s bf16 dense, 3,350 GB/s.
+    "h100": ChipSpec("h100", 80 * GB, 989 * TFLOPS, 3350 * GB),
+    # H100 PCIe: 80 GB HBM2e, 756 TFLOP/s bf16 dense, 2,000 GB/s.
+    "h100-pcie": ChipSpec("h100-pcie", 80 * GB, 756 * TFLOPS, 2000 * GB),
+    # H200 SXM: 141 GB HBM3e, 989 TFLOP/s bf16 dense, 4,800 GB/s.
+    "h200": ChipSpec("h200", 141 * GB, 989 * TFLOPS, 4800 * GB),
+}
+
+# Device-kind strings as runtimes report them -> normalised chip names. Ordered: first match wins.
+_KIND_PATTERNS: list[tuple[str, str]] = [
+    (r"tpu\s*v6\s*(lite|e)", "v6e"),
+    (r"tpu\s*v5\s*(lite|e)", "v5e"),
+    (r"tpu\s*v5\s*p?\b", "v5p"),
+    (r"tpu\s*v4", "v4"),
+    (r"tpu\s*v3", "v3"),
+    (r"tpu\s*v2", "v2"),
+    (r"\bt4\b", "t4"),
+    (r"p100", "p100"),
+    (r"\bl4\b", "l4"),
+    (r"a100.*80\s*gb", "a100-80gb"),
+    (r"a100", "a100-40gb"),
+    (r"h100.*pcie", "h100-pcie"),
+    (r"h100", "h100"),
+    (r"h200", "h200"),
+    (r"^cpu", "cpu"),
+]
+
+
+def normalise_chip(device_kind: str) -> str:
+    """Map a runtime's device-kind string ('TPU v5 lite', 'NVIDIA A100-SXM4-80GB') to a chip name."""
+    text = device_kind.strip().lower()
+    for pattern, chip in _KIND_PATTERNS:
+        if re.search(pattern, text):
+            return chip
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown"
+
+
+def chip_spec(chip_or_kind: str) -> ChipSpec | None:
+    """The table entry for a chip name or a raw device-kind string, or None when unknown."""
+    key = chip_or_kind if chip_or_kind in CHIPS else normalise_chip(chip_or_kind)
+    return CHIPS.get(key)
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    """What the run will execute on."""
+
+    backend: Literal["tpu", "cuda", "cpu"]
+    via_xla: bool
+    """True when the torch_xla runtime drives the devices (XLA on the CPU included)."""
+    device_kind: str
+    """As the runtime reports it, e.g. 'TPU v5 lite', 'NVIDIA L4', 'CPU'."""
+    chip: str
+    """Normalised chip name: v2, v3, v4, v5e, v5p, v6e, t4, p100, l4, a100-40gb, a100-80gb, h100, cpu, ..."""
+    num_devices: int
+    """Devices across all processes."""
+    local_devices: int
+    """Devices this process addresses."""
+    num_processes: int
+    process_index: int
+    memory_per_device_bytes: int | None
+    """Accelerator memory per runtime device; None when unknown (CPU)."""
+    peak_bf16_flops_per_device: float | None
+    """Peak dense bf16 FLOP/s per runtime device (fp16 on chips without bf16); None when unknown."""
+    host_memory_bytes: int
+    platform: Literal["colab", "kaggle", "local"]
+
+    @property
+    def device_string(self) -> str:
+        """How the training loop names the device: 'xla', 'cuda' or 'cpu'."""
+        return "xla" if self.via_xla else self.backend
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def table(self) -> str:
+        rows = self.to_dict()
+        width = max(len(k) for k in rows)
+        return "\n".join(f"{k:<{width}}  {_fmt(k, v)}" for k, v in rows.items())
+
+
+def _fmt(key: str, value: object) -> str:
+    if value is None:
+        return "unknown"
+    if key.endswith("_bytes") and isinstance(value, int):
+        return f"{value / GiB:.1f} GiB"
+    if key.startswith("peak") and isinstance(value, float):
+        return f"{value / TFLOPS:.1f} TFLOP/s"
+    return str(value)
+
+
+def detect_platform(environ: dict[str, str] | None = None) -> Literal["colab", "kaggle", "local"]:
+    """'colab' or 'kaggle' from the variables those notebook services set, else 'local'."""
+    env = os.environ if environ is None else environ
+    if any(k.startswith("KAGGLE_") for k in env):  # KAGGLE_KERNEL_RUN_TYPE, KAGGLE_URL_BASE, ...
+        return "kaggle"
+    if "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env or "COLAB_TPU_ADDR" in env or "COLAB_BACKEND_VERSION" in env:
+        return "colab"
+    return "local"
+
+
+def host_memory_bytes() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+def _per_device(spec: ChipSpec | None) -> tuple[int | None, float | None]:
+    if spec is None:
+        return None, None
+    return spec.hbm_bytes // spec.devices_per_chip, spec.peak_bf16_flops / spec.devices_per_chip
+
+
+def _detect_xla() -> HardwareInfo:
+    summary = runtime.runtime_summary()
+    backend = {"TPU": "tpu", "CUDA": "cuda", "GPU": "cuda"}.get(summary.device_type, "cpu")
+    chip = normalise_chip(summary.device_kind) if backend != "cpu" else "cpu"
+    memory, peak = _per_device(CHIPS.get(chip))
+    if summary.memory_bytes_limit:  # what the runtime reports beats the table
+        memory = summary.memory_bytes_limit
+    return HardwareInfo(
+        backend=backend,  # type: ignore[arg-type]
+        via_xla=True,
+        device_kind=summary.device_kind,
+        chip=chip,
+        num_devices=summary.global_devices,
+        local_devices=summary.local_devices,
+        num_processes=summary.process_count,
+        process_index=summary.process_index,
+        memory_per_device_bytes=memory,
+        peak_bf16_flops_per_device=peak,
+        host_memory_bytes=host_memory_bytes(),
+        platform=detect_platform(),
+    )
+
+
+def _detect_cuda() -> HardwareInfo:
+    import torch
+
+    kind = torch.cuda.get_device_name(0)
+    chip = normalise_chip(kind)
+    _, peak = _per_device(CHIPS.get(chip))
+    count = torch.cuda.device_count()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return HardwareInfo(
+        backend="cuda",
+        via_xla=False,
+        device_kind=kind,
+        chip=chip,
+        num_devices=count * world,
+        local_devices=count,
+        num_processes=world,
+        process_index=int(os.environ.get("RANK", "0")),
+        memory_per_device_bytes=int(torch.cuda.get_device_properties(0).total_memory),
+        peak_bf16_flops_per_device=peak,
+        host_memory_bytes=host_memory_bytes(),
+        platform=detect_platform(),
+    )
+
+
+def _detect_cpu() -> HardwareInfo:
+    return HardwareInfo(
+        backend="cpu",
+        via_xla=False,
+        device_kind="CPU",
+        chip="cpu",
+        num_devices=1,
+        local_devices=1,
+        num_processes=1,
+        process_index=0,
+        memory_per_device_bytes=None,
+        peak_bf16_flops_per_device=None,
+        host_memory_bytes=host_memory_bytes(),
+        platform=detect_platform(),
+    )
+
+
+def _found() -> str:
+    """One line on what this machine offers, for error messages."""
+    parts = [f"torch_xla {'installed' if runtime.xla_installed() else 'not installed'}"]
+    parts.append(f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE', '<unset>')}")
+    parts.append(f"CUDA {'available' if _cuda_available() else 'not available'}")
+    parts.append(f"TPU {'signs present' if runtime.tpu_present() else 'not found'}")
+    return ", ".join(parts)
+
+
+@functools.lru_cache(maxsize=None)
+def detect(device_type: DeviceType = "auto") -> HardwareInfo:
+    """Detect the hardware, trying TPU -> CUDA -> XLA:CPU (if PJRT_DEVICE=CPU) -> CPU for "auto".
+
+    An explicit "tpu", "cuda", "xla" or "cpu" that is not available raises `HardwareError`
+    saying what was found and how to get what was asked for. Cached per `device_type`.
+    """
+    if device_type not in ("auto", "tpu", "cuda", "xla", "cpu"):
+        raise HardwareError(f"device_type={device_type!r} is not allowed: expected one of 'auto', 'tpu', 'cuda', 'xla', 'cpu'")
+    pjrt = runtime.env_requests_xla()
+    if device_type == "cpu":
+        return _detect_cpu()
+    if device_type == "tpu":
+        if not runtime.xla_installed() or pjrt not in (None, "TPU") or not runtime.tpu_present():
+            raise HardwareError(
+                f"device_type='tpu' requested but no TPU is usable here ({_found()}). "
+                "On a TPU VM or a Colab/Kaggle TPU runtime, install torch_xla with its libtpu and set PJRT_DEVICE=TPU."
+            )
+        info = _detect_xla()
+        if info.backend != "tpu":
+            raise HardwareError(f"device_type='tpu' requested but the XLA runtime reports {info.device_kind!r} ({_found()})")
+        return info
+    if device_type == "cuda":
+        if not _cuda_available():
+            raise HardwareError(
+                f"device_type='cuda' requested but torch sees no CUDA device ({_found()}). "
+                "Use a GPU runtime and a CUDA build of torch, or pass device_type='auto'."
+            )
+        return _detect_cuda()
+    if device_type == "xla":
+        if not runtime.xla_installed():
+            raise HardwareError(
+                f"device_type='xla' requested but torch_xla is not installed ({_found()}). "
+                "Install it with `pip install -e .[xla-cpu]` and set PJRT_DEVICE=CPU (or TPU)."
+            )
+        if pjrt is None and not runtime.tpu_present():
+            raise HardwareError(
+                f"device_type='xla' requested but PJRT_DEVICE is unset and no TPU was found ({_found()}). "
+                "Set PJRT_DEVICE=CPU (and CPU_NUM_DEVICES=8 for eight virtual devices) before starting Python."
+            )
+        return _detect_xla()
+    # auto
+    if runtime.xla_installed() and pjrt in (None, "TPU") and runtime.tpu_present():
+        try:
+            info = _detect_xla()
+            if info.backend == "tpu":
+                return info
+        except Exception:  # a TPU that cannot start: fall through to the next backend
+            pass
+    if _cuda_available():
+        return _detect_cuda()
+    if runtime.xla_installed() and pjrt == "CPU":
+        return _detect_xla()
+    return _detect_cpu()
