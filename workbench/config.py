@@ -223,11 +223,9 @@ def _field_names(cls: type) -> list[str]:
 def _unknown_key(key: str, cls: type, prefix: str) -> ConfigError:
     names = _field_names(cls)
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    hint = f"; did you mean {prefix}{close[0]!r}?" if close else ""
+    hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
     where = f"section {prefix.rstrip('.')!r}" if prefix else "the top level"
-    return ConfigError(
-        f"unknown key {prefix}{key!r} in {where}{hint} (allowed: {', '.join(names)})"
-    )
+    return ConfigError(f"unknown key {prefix + key!r} in {where}{hint} (allowed: {', '.join(names)})")
 
 
 def _set_dotted(data: dict[str, Any], cls: type, dotted: str, value: Any) -> None:
@@ -239,11 +237,13 @@ def _set_dotted(data: dict[str, Any], cls: type, dotted: str, value: Any) -> Non
         hint = get_type_hints(node_cls)[part]
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(hint):
-                raise ConfigError(f"{prefix}{part!r} is a section; set one of its fields, e.g. {prefix}{part}.{_field_names(hint)[0]}=...")
+                raise ConfigError(
+                    f"{prefix + part!r} is a section; set one of its fields, e.g. {prefix}{part}.{_field_names(hint)[0]}=..."
+                )
             node[part] = _parse_string(value, hint, f"{prefix}{part}") if isinstance(value, str) else value
         else:
             if not dataclasses.is_dataclass(hint):
-                raise ConfigError(f"{prefix}{part!r} is a value, not a section; cannot set {dotted!r}")
+                raise ConfigError(f"{prefix + part!r} is a value, not a section; cannot set {dotted!r}")
             node, node_cls, prefix = node[part], hint, f"{prefix}{part}."
 
 
@@ -345,24 +345,69 @@ def _validate(obj: Any, prefix: str) -> None:
     """Range and cross-field checks beyond types."""
     p = prefix
     if isinstance(obj, ModelConfig):
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size", "max_position_embeddings"):
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
             _require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
-        _require(obj.hidden_size % obj.num_heads == 0, f"{p}num_heads", obj.num_heads, f"must divide hidden_size={obj.hidden_size}")
-        _require(obj.num_heads % obj.num_kv_heads == 0, f"{p}num_kv_heads", obj.num_kv_heads, f"must divide num_heads={obj.num_heads}")
+        _require(
+            obj.hidden_size % obj.num_heads == 0,
+            f"{p}num_heads",
+            obj.num_heads,
+            f"must divide hidden_size={obj.hidden_size}",
+        )
+        _require(
+            obj.num_heads % obj.num_kv_heads == 0,
+            f"{p}num_kv_heads",
+            obj.num_kv_heads,
+            f"must divide num_heads={obj.num_heads}",
+        )
     elif isinstance(obj, DataConfig):
         _require(obj.max_length >= 2, f"{p}max_length", obj.max_length, "must be >= 2")
-        _require(obj.tokenizer_vocab_size >= 64, f"{p}tokenizer_vocab_size", obj.tokenizer_vocab_size, "must be >= 64")
-        _require(obj.max_examples is None or obj.max_examples >= 1, f"{p}max_examples", obj.max_examples, "must be >= 1 or null")
-        _require(0.0 <= obj.eval_fraction <= 0.5, f"{p}eval_fraction", obj.eval_fraction, "must be in [0, 0.5]")
+        _require(
+            obj.tokenizer_vocab_size >= 64,
+            f"{p}tokenizer_vocab_size",
+            obj.tokenizer_vocab_size,
+            "must be >= 64",
+        )
+        _require(
+            obj.max_examples is None or obj.max_examples >= 1,
+            f"{p}max_examples",
+            obj.max_examples,
+            "must be >= 1 or null",
+        )
+        _require(
+            0.0 <= obj.eval_fraction <= 0.5, f"{p}eval_fraction", obj.eval_fraction, "must be in [0, 0.5]"
+        )
     elif isinstance(obj, BucketConfig):
         _require(obj.max_buckets >= 1, f"{p}max_buckets", obj.max_buckets, "must be >= 1")
         _require(obj.multiple_of >= 1, f"{p}multiple_of", obj.multiple_of, "must be >= 1")
-        _require(obj.tokens_per_batch is None or obj.tokens_per_batch >= 1, f"{p}tokens_per_batch", obj.tokens_per_batch, "must be >= 1 or null")
+        _require(
+            obj.tokens_per_batch is None or obj.tokens_per_batch >= 1,
+            f"{p}tokens_per_batch",
+            obj.tokens_per_batch,
+            "must be >= 1 or null",
+        )
     elif isinstance(obj, MeshConfig):
         for name in ("data", "fsdp", "model"):
             value = getattr(obj, name)
-            _require(value == -1 or value >= 1, f"{p}{name}", value, "must be >= 1, or -1 to fill from the device count")
-        _require([obj.data, obj.fsdp, obj.model].count(-1) <= 1, f"{p}axes", (obj.data, obj.fsdp, obj.model), "at most one axis may be -1")
+            _require(
+                value == -1 or value >= 1,
+                f"{p}{name}",
+                value,
+                "must be >= 1, or -1 to fill from the device count",
+            )
+        _require(
+            [obj.data, obj.fsdp, obj.model].count(-1) <= 1,
+            f"{p}axes",
+            (obj.data, obj.fsdp, obj.model),
+            "at most one axis may be -1",
+        )
     elif isinstance(obj, TrainConfig):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "keep_checkpoints"):
             _require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
@@ -371,8 +416,18 @@ def _validate(obj: Any, prefix: str) -> None:
         _require(obj.learning_rate > 0, f"{p}learning_rate", obj.learning_rate, "must be > 0")
         _require(0.0 <= obj.min_lr_ratio <= 1.0, f"{p}min_lr_ratio", obj.min_lr_ratio, "must be in [0, 1]")
         _require(obj.weight_decay >= 0, f"{p}weight_decay", obj.weight_decay, "must be >= 0")
-        _require(obj.max_grad_norm is None or obj.max_grad_norm > 0, f"{p}max_grad_norm", obj.max_grad_norm, "must be > 0 or null")
-        _require(obj.dynamic_batch_factor > 1.0, f"{p}dynamic_batch_factor", obj.dynamic_batch_factor, "must be > 1")
+        _require(
+            obj.max_grad_norm is None or obj.max_grad_norm > 0,
+            f"{p}max_grad_norm",
+            obj.max_grad_norm,
+            "must be > 0 or null",
+        )
+        _require(
+            obj.dynamic_batch_factor > 1.0,
+            f"{p}dynamic_batch_factor",
+            obj.dynamic_batch_factor,
+            "must be > 1",
+        )
     elif isinstance(obj, WorkbenchConfig):
         _require(
             obj.data.max_length <= obj.model.max_position_embeddings or obj.model.pretrained_path is not None,
@@ -386,5 +441,3 @@ def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] 
     """Load `path` (or the defaults when None) and apply dotted overrides."""
     base = WorkbenchConfig() if path is None else WorkbenchConfig.from_yaml(Path(path))
     return base.with_overrides(list(overrides))
-
-

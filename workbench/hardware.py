@@ -85,8 +85,9 @@ CHIPS: dict[str, ChipSpec] = {
 # Device-kind strings as runtimes report them -> normalised chip names. Ordered: first match wins.
 _KIND_PATTERNS: list[tuple[str, str]] = [
     (r"tpu\s*v6\s*(lite|e)", "v6e"),
-    (r"tpu\s*v5\s*(lite|e)", "v5e"),
+    (r"tpu\s*v5\s*(lite|e)", "v5e"),  # "TPU v5 lite", or "v5litepod" from the accelerator type
     (r"tpu\s*v5\s*p?\b", "v5p"),
+    (r"tpu\s*v4\s*(lite|i)", "v4i"),  # inference chip, not in the table: figures stay unknown
     (r"tpu\s*v4", "v4"),
     (r"tpu\s*v3", "v3"),
     (r"tpu\s*v2", "v2"),
@@ -173,7 +174,12 @@ def detect_platform(environ: dict[str, str] | None = None) -> Literal["colab", "
     env = os.environ if environ is None else environ
     if any(k.startswith("KAGGLE_") for k in env):  # KAGGLE_KERNEL_RUN_TYPE, KAGGLE_URL_BASE, ...
         return "kaggle"
-    if "COLAB_RELEASE_TAG" in env or "COLAB_GPU" in env or "COLAB_TPU_ADDR" in env or "COLAB_BACKEND_VERSION" in env:
+    if (
+        "COLAB_RELEASE_TAG" in env
+        or "COLAB_GPU" in env
+        or "COLAB_TPU_ADDR" in env
+        or "COLAB_BACKEND_VERSION" in env
+    ):
         return "colab"
     return "local"
 
@@ -272,7 +278,7 @@ def _found() -> str:
     return ", ".join(parts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def detect(device_type: DeviceType = "auto") -> HardwareInfo:
     """Detect the hardware, trying TPU -> CUDA -> XLA:CPU (if PJRT_DEVICE=CPU) -> CPU for "auto".
 
@@ -280,7 +286,9 @@ def detect(device_type: DeviceType = "auto") -> HardwareInfo:
     saying what was found and how to get what was asked for. Cached per `device_type`.
     """
     if device_type not in ("auto", "tpu", "cuda", "xla", "cpu"):
-        raise HardwareError(f"device_type={device_type!r} is not allowed: expected one of 'auto', 'tpu', 'cuda', 'xla', 'cpu'")
+        raise HardwareError(
+            f"device_type={device_type!r} is not allowed: expected one of 'auto', 'tpu', 'cuda', 'xla', 'cpu'"
+        )
     pjrt = runtime.env_requests_xla()
     if device_type == "cpu":
         return _detect_cpu()
@@ -292,7 +300,9 @@ def detect(device_type: DeviceType = "auto") -> HardwareInfo:
             )
         info = _detect_xla()
         if info.backend != "tpu":
-            raise HardwareError(f"device_type='tpu' requested but the XLA runtime reports {info.device_kind!r} ({_found()})")
+            raise HardwareError(
+                f"device_type='tpu' requested but the XLA runtime reports {info.device_kind!r} ({_found()})"
+            )
         return info
     if device_type == "cuda":
         if not _cuda_available():

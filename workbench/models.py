@@ -69,7 +69,9 @@ def build_model(
     import transformers as tf
 
     if cfg.pretrained_path:
-        return tf.AutoModelForCausalLM.from_pretrained(cfg.pretrained_path, attn_implementation=attn_implementation)
+        return tf.AutoModelForCausalLM.from_pretrained(
+            cfg.pretrained_path, attn_implementation=attn_implementation
+        )
     config = hf_config(cfg, vocab_size)
     config._attn_implementation = attn_implementation
     with torch.random.fork_rng(devices=[]):

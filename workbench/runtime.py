@@ -22,8 +22,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 # ---- looking without starting anything ---------------------------------------------
 
@@ -57,7 +58,9 @@ def tpu_present() -> bool:
         if os.environ.get(var):
             return True
     try:
-        return any(name.startswith("accel") for name in os.listdir("/dev")) or os.path.isdir("/dev/vfio/devices")
+        return any(name.startswith("accel") for name in os.listdir("/dev")) or os.path.isdir(
+            "/dev/vfio/devices"
+        )
     except OSError:
         return False
 
@@ -118,17 +121,13 @@ def runtime_summary() -> RuntimeSummary:
     """Start the XLA runtime (PJRT client) if needed and describe its devices."""
     xr = _xr()
     device_type = str(xr.device_type() or "CPU").upper()
-    kind = device_type
     try:
-        attributes = xr.global_runtime_device_attributes()
-        if attributes and isinstance(attributes[0], dict):
-            kind = str(attributes[0].get("device_kind") or attributes[0].get("name") or kind)
-    except Exception:  # some plugins do not report attributes
-        pass
+        # PJRT's device kind: 'TPU v5 lite', 'TPU v6 lite', 'cpu', ...
+        kind = str(_xm().xla_device_kind())
+    except Exception:  # older plugins: fall back to the accelerator type ('v5litepod-8' -> 'v5litepod')
+        kind = _tpu_type() if device_type == "TPU" else device_type
     if device_type == "CPU":
-        kind = "CPU"  # XLA:CPU names each device 'CPU:<n>'; the kind is just the CPU
-    if device_type == "TPU" and kind == "TPU":
-        kind = _tpu_kind_from_version(kind)
+        kind = "CPU"
     limit = None
     if device_type != "CPU":
         info = memory_info()
@@ -145,14 +144,13 @@ def runtime_summary() -> RuntimeSummary:
     )
 
 
-def _tpu_kind_from_version(default: str) -> str:
+def _tpu_type() -> str:
     try:
-        import torch_xla.tpu as tpu
+        import torch_xla._internal.tpu as tpu
 
-        version = tpu.version()
-        return {5: "TPU v5", 6: "TPU v6 lite"}.get(version, f"TPU v{version}")
+        return f"TPU {tpu.get_tpu_type()}"
     except Exception:
-        return default
+        return "TPU"
 
 
 # ---- execution -----------------------------------------------------------------------
@@ -229,7 +227,9 @@ def spmd_mesh(device_ids: Sequence[int], shape: Sequence[int], axis_names: Seque
 
 def hybrid_mesh(ici_shape: Sequence[int], dcn_shape: Sequence[int], axis_names: Sequence[str]) -> Any:
     """A multi-slice mesh: ICI axes inside a slice, DCN axes across slices."""
-    return _xs().HybridMesh(ici_mesh_shape=tuple(ici_shape), dcn_mesh_shape=tuple(dcn_shape), axis_names=tuple(axis_names))
+    return _xs().HybridMesh(
+        ici_mesh_shape=tuple(ici_shape), dcn_mesh_shape=tuple(dcn_shape), axis_names=tuple(axis_names)
+    )
 
 
 def mark_sharding(tensor: Any, mesh: Any, spec: Sequence[str | tuple[str, ...] | None]) -> Any:

@@ -31,7 +31,12 @@ class SmokeResult:
 
 
 def run_smoke(
-    device_type: str = "auto", steps: int = 8, batch_size: int = 4, seq_len: int = 32, seed: int = 0, echo: bool = True
+    device_type: str = "auto",
+    steps: int = 8,
+    batch_size: int = 4,
+    seq_len: int = 32,
+    seed: int = 0,
+    echo: bool = True,
 ) -> SmokeResult:
     hw = detect(device_type)  # type: ignore[arg-type]
     dev = runtime.device() if hw.via_xla else torch.device(hw.backend)
@@ -65,6 +70,8 @@ def run_smoke(
     result.steps_per_s = steps / elapsed
     result.compiles = int(runtime.metrics_snapshot()["compiles"] - before["compiles"])
     if echo:
-        print(f"{steps} steps on {hw.chip} ({hw.backend}, via_xla={hw.via_xla}): {result.steps_per_s:.2f} steps/s, {result.compiles} compiles")
+        print(
+            f"{steps} steps on {hw.chip} ({hw.backend}, via_xla={hw.via_xla}): {result.steps_per_s:.2f} steps/s, {result.compiles} compiles"
+        )
         print("smoke OK: loss fell" if result.ok else "smoke FAILED: loss did not fall")
     return result

@@ -1,0 +1,149 @@
+"""Config: YAML load/save, dotted overrides, round trips, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from workbench.config import ConfigError, ModelConfig, WorkbenchConfig, load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_every_field_is_documented() -> None:
+    import ast
+    import inspect
+
+    import workbench.config as config_module
+
+    tree = ast.parse(inspect.getsource(config_module))
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Config") and node.name != "ConfigError":
+            body = node.body
+            for i, stmt in enumerate(body):
+                if isinstance(stmt, ast.AnnAssign):
+                    nxt = body[i + 1] if i + 1 < len(body) else None
+                    documented = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    assert documented, f"{node.name}.{stmt.target.id} has no docstring under it"
+
+
+def test_dict_and_yaml_round_trip(tmp_path: Path) -> None:
+    cfg = WorkbenchConfig().with_overrides(
+        ["model.family=qwen2", "train.steps=7", "mesh.fsdp=8", "train.max_grad_norm=null"]
+    )
+    assert WorkbenchConfig.from_dict(cfg.to_dict()) == cfg
+    path = tmp_path / "cfg.yaml"
+    cfg.to_yaml(path)
+    assert WorkbenchConfig.from_yaml(path) == cfg
+    assert WorkbenchConfig.from_yaml(cfg.to_yaml()) == cfg  # YAML text works too
+
+
+def test_quickstart_yaml_loads_and_overrides_coerce() -> None:
+    cfg = load_config(
+        REPO / "configs" / "quickstart.yaml",
+        ["train.learning_rate=1e-3", "bucketing.packing=yes", "data.max_examples=100"],
+    )
+    assert cfg.model.family == "llama" and cfg.train.steps == 30
+    assert cfg.train.learning_rate == pytest.approx(1e-3) and isinstance(cfg.train.learning_rate, float)
+    assert cfg.bucketing.packing is True and cfg.data.max_examples == 100
+    assert isinstance(WorkbenchConfig().with_overrides({"train.learning_rate": 1}).train.learning_rate, float)
+
+
+def test_yaml_is_loaded_safely(tmp_path: Path) -> None:
+    path = tmp_path / "evil.yaml"
+    path.write_text("train: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        WorkbenchConfig.from_yaml(path)
+
+
+BAD = [
+    (["train.stpes=3"], r"unknown key 'train\.stpes'.*did you mean 'train\.steps'"),
+    (["modle.family=llama"], r"unknown key 'modle'.*did you mean 'model'"),
+    (["train.steps=ten"], r"train\.steps='ten' is not allowed: expected int"),
+    (["train.steps=0"], r"train\.steps=0 is not allowed: must be >= 1"),
+    (["train.learning_rate=-1"], r"train\.learning_rate=-1\.0 is not allowed: must be > 0"),
+    (
+        ["model.family=bert"],
+        r"model\.family='bert' is not allowed: expected one of 'llama', 'qwen2', 'mistral', 'gemma', 'gpt2'",
+    ),
+    (
+        ["train.optimizer=adam"],
+        r"train\.optimizer='adam' is not allowed: expected one of 'adamw', 'adafactor', 'sgd'",
+    ),
+    (["model.num_heads=5"], r"model\.num_heads=5 is not allowed: must divide hidden_size=64"),
+    (["model.num_kv_heads=3"], r"model\.num_kv_heads=3 is not allowed: must divide num_heads=4"),
+    (
+        ["mesh.data=-1", "mesh.fsdp=-1"],
+        r"mesh\.axes=\(-1, -1, 1\) is not allowed: at most one axis may be -1",
+    ),
+    (["mesh.model=0"], r"mesh\.model=0 is not allowed: must be >= 1, or -1"),
+    (
+        ["bucketing.strategy=exponential"],
+        r"bucketing\.strategy='exponential' is not allowed: expected one of 'optimal'",
+    ),
+    (
+        ["bucketing.overflow=wrap"],
+        r"bucketing\.overflow='wrap' is not allowed: expected one of 'truncate', 'drop'",
+    ),
+    (["data.eval_fraction=0.9"], r"data\.eval_fraction=0\.9 is not allowed: must be in \[0, 0\.5\]"),
+    (
+        ["data.max_length=4096"],
+        r"data\.max_length=4096 is not allowed: must be <= model\.max_position_embeddings=512",
+    ),
+    (
+        ["train.gradient_checkpointing=maybe"],
+        r"train\.gradient_checkpointing='maybe' is not allowed: expected bool",
+    ),
+    (
+        ["train.device_type=gpu"],
+        r"train\.device_type='gpu' is not allowed: expected one of 'auto', 'tpu', 'cuda', 'xla', 'cpu'",
+    ),
+    (["train.steps"], r"override 'train\.steps' must look like section\.field=value"),
+    (["train=3"], r"'train' is a section; set one of its fields, e\.g\. train\.device_type="),
+    (["train.steps.x=3"], r"'train\.steps' is a value, not a section"),
+    (["bucketing.max_buckets=0"], r"bucketing\.max_buckets=0 is not allowed: must be >= 1"),
+    (["train.max_grad_norm=0"], r"train\.max_grad_norm=0\.0 is not allowed: must be > 0 or null"),
+    (["train.dynamic_batch_factor=1"], r"train\.dynamic_batch_factor=1\.0 is not allowed: must be > 1"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_overrides_name_field_value_and_allowed(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        WorkbenchConfig().with_overrides(overrides)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"train": {"steps": "10"}},
+            r"train\.steps='10' is not allowed: expected int",
+        ),  # YAML types are not guessed
+        ({"train": {"batch_size": True}}, r"train\.batch_size=True is not allowed: expected int"),
+        ({"model": [1, 2]}, r"model must be a mapping"),
+        ({"extra": {}}, r"unknown key 'extra' in the top level"),
+        ({"model": {"hidden": 32}}, r"unknown key 'model\.hidden'.*did you mean 'model\.hidden_size'"),
+    ],
+)
+def test_bad_dicts(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        WorkbenchConfig.from_dict(data)
+
+
+def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        WorkbenchConfig.from_yaml("nope.yaml")
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping of sections, got list"):
+        WorkbenchConfig.from_yaml(path)
+
+
+def test_sections_are_independent_defaults() -> None:
+    a, b = WorkbenchConfig(), WorkbenchConfig()
+    a.train.steps = 99
+    assert b.train.steps != 99
+    assert dataclasses.replace(ModelConfig(), hidden_size=128).hidden_size == 128

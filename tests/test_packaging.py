@@ -1,0 +1,65 @@
+"""The install files agree: environment.yml installs the same extras pyproject.toml defines."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import tomllib
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_environment_yml_matches_pyproject() -> None:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    deps = env["dependencies"]
+    assert "python=3.11" in deps
+    pip_section = next(d["pip"] for d in deps if isinstance(d, dict) and "pip" in d)
+    installs = [line for line in pip_section if re.match(r"^(-e\s+)?\.\[", line)]
+    assert len(installs) == 1, f"environment.yml must install the package once, got {pip_section}"
+    extras = set(re.search(r"\[(.*)\]", installs[0]).group(1).split(","))
+    assert extras == set(_pyproject()["project"]["optional-dependencies"]), (
+        "environment.yml extras differ from pyproject"
+    )
+    assert _pyproject()["project"]["requires-python"].startswith(">=3.1")
+
+
+def test_base_dependencies_leave_torch_alone() -> None:
+    project = _pyproject()["project"]
+    names = [re.split(r"[<>=\[ ]", d)[0].lower() for d in project["dependencies"]]
+    assert "torch" not in names and "torch_xla" not in names and "torch-xla" not in names
+    for needed in ("transformers", "datasets", "tokenizers"):
+        assert needed in names
+    assert project["optional-dependencies"]["xla-cpu"] == ["torch==2.9.0", "torch_xla==2.9.0"]
+    notebook = " ".join(project["optional-dependencies"]["notebook"])
+    for needed in ("jupyterlab", "ipywidgets", "anywidget", "plotly", "papermill", "ipykernel"):
+        assert needed in notebook
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert "make demo" in readme and "make test" in readme
+
+
+def test_workbench_never_imports_ui_or_xla_directly() -> None:
+    for path in (REPO / "workbench").rglob("*.py"):
+        text = path.read_text()
+        for banned in (
+            "import ipywidgets",
+            "import plotly",
+            "from plotly",
+            "from ipywidgets",
+            "import widgets",
+            "from widgets",
+        ):
+            assert banned not in text, f"{path.name} imports UI code ({banned})"
+        if path.name != "runtime.py":
+            assert not re.search(r"^\s*(import|from)\s+torch_xla", text, re.M), (
+                f"{path.name} imports torch_xla outside the runtime seam"
+            )
