@@ -103,6 +103,8 @@ class MeshConfig:
     """Tensor-parallel degree."""
     enabled: bool = False
     """Use SPMD sharding at all; False runs on one device (or plain data parallel off-XLA)."""
+    num_slices: int = 1
+    """TPU slices joined over the data-centre network (multi-slice); the data axis spans them."""
 
 
 @dataclass
@@ -147,6 +149,20 @@ class TrainConfig:
     """Grow the batch every this many steps (0 disables dynamic batch size)."""
     dynamic_batch_factor: float = 2.0
     """Factor the batch grows by each time."""
+    dynamic_batch_max: int | None = None
+    """Largest batch dynamic growth may reach; None: as large as the memory estimate allows (no cap where memory is unknown)."""
+    prewarm: bool = True
+    """On XLA, compile every batch shape the run can meet before the first step (no compiles mid-run)."""
+    resume: bool = True
+    """Resume from the latest complete checkpoint in `checkpoint_dir` when there is one."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar (updated only at log intervals; it never forces a device sync)."""
+    distill_alpha: float = 0.5
+    """Distillation: weight of the KL(teacher || student) term; 1 - alpha weighs the label cross-entropy."""
+    distill_temperature: float = 2.0
+    """Distillation: softmax temperature of the KL term (the term is scaled by temperature squared)."""
+    distill_hidden_weight: float = 0.0
+    """Distillation: weight of the last-hidden-state MSE through a learned projection (0 disables it)."""
 
 
 @dataclass
@@ -402,6 +418,7 @@ def _validate(obj: Any, prefix: str) -> None:
                 value,
                 "must be >= 1, or -1 to fill from the device count",
             )
+        _require(obj.num_slices >= 1, f"{p}num_slices", obj.num_slices, "must be >= 1")
         _require(
             [obj.data, obj.fsdp, obj.model].count(-1) <= 1,
             f"{p}axes",
@@ -427,6 +444,22 @@ def _validate(obj: Any, prefix: str) -> None:
             f"{p}dynamic_batch_factor",
             obj.dynamic_batch_factor,
             "must be > 1",
+        )
+        _require(
+            obj.dynamic_batch_max is None or obj.dynamic_batch_max >= obj.batch_size,
+            f"{p}dynamic_batch_max",
+            obj.dynamic_batch_max,
+            f"must be >= batch_size={obj.batch_size} or null",
+        )
+        _require(0.0 <= obj.distill_alpha <= 1.0, f"{p}distill_alpha", obj.distill_alpha, "must be in [0, 1]")
+        _require(
+            obj.distill_temperature > 0, f"{p}distill_temperature", obj.distill_temperature, "must be > 0"
+        )
+        _require(
+            obj.distill_hidden_weight >= 0,
+            f"{p}distill_hidden_weight",
+            obj.distill_hidden_weight,
+            "must be >= 0",
         )
     elif isinstance(obj, WorkbenchConfig):
         _require(

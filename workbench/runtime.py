@@ -121,15 +121,23 @@ def runtime_summary() -> RuntimeSummary:
     """Start the XLA runtime (PJRT client) if needed and describe its devices."""
     xr = _xr()
     device_type = str(xr.device_type() or "CPU").upper()
-    try:
-        # PJRT's device kind: 'TPU v5 lite', 'TPU v6 lite', 'cpu', ...
-        kind = str(_xm().xla_device_kind())
-    except Exception:  # older plugins: fall back to the accelerator type ('v5litepod-8' -> 'v5litepod')
-        kind = _tpu_type() if device_type == "TPU" else device_type
+    # Touching the XLA device (xla_device_kind, memory_info) before SPMD is on locks torch_xla
+    # out of SPMD: a later use_spmd() then segfaults (pytorch/xla#9735). So while SPMD could
+    # still be chosen, ask only lock-free sources: the TPU type from tpu-env, sizes from the table.
+    free_to_touch = is_spmd() or spmd_config_locked()
+    tpu_type = _tpu_type() if device_type == "TPU" and not free_to_touch else "TPU"
     if device_type == "CPU":
         kind = "CPU"
+    elif tpu_type != "TPU":
+        kind = tpu_type
+    else:
+        try:
+            # PJRT's device kind: 'TPU v5 lite', 'TPU v6 lite', ...
+            kind = str(_xm().xla_device_kind())
+        except Exception:  # older plugins: fall back to the accelerator type ('v5litepod-8' -> 'v5litepod')
+            kind = _tpu_type() if device_type == "TPU" else device_type
     limit = None
-    if device_type != "CPU":
+    if device_type != "CPU" and free_to_touch:
         info = memory_info()
         limit = info.get("bytes_limit") if info else None
     # In SPMD mode torch_xla exposes one virtual device; the counts below are the real ones.
@@ -209,6 +217,16 @@ def runtime_started() -> bool:
         return False
 
 
+def spmd_config_locked() -> bool:
+    """True once torch_xla has fixed its device mode (any use of the XLA device, RNG seeding, ...).
+
+    Locked while not in SPMD mode means SPMD can no longer be switched on safely.
+    """
+    if not xla_imported():
+        return False
+    return bool(_xla()._XLAC._xla_get_spmd_config_is_locked())
+
+
 def use_spmd() -> None:
     """Switch torch_xla into SPMD mode (must happen before any XLA tensor exists)."""
     _xr().use_spmd()
@@ -251,6 +269,55 @@ def local_shard_shapes(tensor: Any) -> list[tuple[int, ...]]:
     """Shapes of the shards each addressable device holds (materialises the tensor)."""
     shards = _xla()._XLAC._get_local_shards([tensor])[0]
     return [tuple(shard.shape) for shard, _device in shards]
+
+
+# ---- SPMD additions (issue 4: sharding/multihost) ------------------------------------
+
+
+def global_device_count() -> int:
+    """Runtime devices across all processes (the real count, also under SPMD)."""
+    return int(_xr().global_runtime_device_count())
+
+
+def process_index() -> int:
+    """This process's index among the processes of the run (starts the runtime)."""
+    return int(_xr().process_index())
+
+
+def process_count() -> int:
+    """Processes taking part in the run, one per host on a TPU pod (starts the runtime)."""
+    return int(_xr().process_count())
+
+
+def xla_tensors_created() -> int:
+    """XLA tensors created so far in this process (0 when torch_xla is not imported).
+
+    Switching SPMD on after tensors exist on a non-SPMD device crashes later (segfault on
+    XLA:CPU in torch_xla 2.9), so `MeshSpec.build` refuses then.
+    """
+    if not xla_imported():
+        return 0
+    value = _met().counter_value("CreateXlaTensor")
+    return int(value or 0)
+
+
+def local_shard_indices(tensor: Any) -> list[tuple[str, list[tuple[int, int]] | None]]:
+    """Per addressable device: (device name, [(start, stop) per dim]), or None for a full replica.
+
+    Empty when the tensor carries no sharding annotation (it is then replicated everywhere).
+    """
+    xla = _xla()
+    if not sharding_spec(tensor):
+        return []
+    shards = xla._XLAC._get_local_shards([tensor])[0]
+    replicas = xla._XLAC._get_local_shard_replica_and_indices([tensor])[0]
+    out: list[tuple[str, list[tuple[int, int]] | None]] = []
+    for (_shard, dev), (_replica, indices) in zip(shards, replicas, strict=True):
+        if indices is Ellipsis or indices == Ellipsis:
+            out.append((str(dev), None))
+        else:
+            out.append((str(dev), [(int(s.start), int(s.stop)) for s in indices]))
+    return out
 
 
 # ---- measurement ---------------------------------------------------------------------
@@ -316,3 +383,158 @@ def profiler() -> Any:
     import torch_xla.debug.profiler as xp
 
     return xp
+
+
+# ---- compiled-program memory, checkpointing, tracing (issue 5: memory/profiling) -----
+
+
+@dataclass(frozen=True)
+class CompiledMemory:
+    """The XLA compiler's memory analysis of one compiled program (per device under SPMD).
+
+    Read from torch_xla's "Post Compilation Analysis", which prints the executable's
+    ``CompiledMemoryStats`` in GiB with six decimals: each field is exact to about 1 KiB.
+    """
+
+    argument_bytes: int
+    """Graph inputs (parameters, optimizer state, batch) the program reads."""
+    output_bytes: int
+    """Graph outputs."""
+    alias_bytes: int
+    """Outputs written in place over inputs (donated buffers: updated parameters and state)."""
+    temp_bytes: int
+    """Intermediate buffers (activations, gradients, temporaries), after XLA's buffer reuse."""
+    program_bytes: int
+    """Generated code."""
+
+    @property
+    def peak_bytes(self) -> int:
+        """Device memory the program needs while it runs: inputs + non-aliased outputs + temporaries."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+
+_POST_COMPILE_FIELDS = (
+    ("argument_bytes", "Graph input size"),
+    ("output_bytes", "Graph output size"),
+    ("alias_bytes", "Aliased Input size"),
+    ("temp_bytes", "Intermediate tensor size"),
+    ("program_bytes", "Compiled program size"),
+)
+
+
+def enable_compile_memory_log(path: str | os.PathLike[str]) -> None:
+    """Have torch_xla append each compiled program's memory analysis to `path`.
+
+    Sets ``PT_XLA_DEBUG_LEVEL=1`` (compile analyses only, nothing per execution) and
+    ``PT_XLA_DEBUG_FILE``. torch_xla reads both once, at its first compile or execution,
+    so call this before any XLA work in the process (best: before importing torch_xla).
+    """
+    if runtime_started() and compile_count() > 0 and compile_memory_log_path() is None:
+        raise RuntimeError(
+            "enable_compile_memory_log() must run before the first XLA compile in this process "
+            "(torch_xla reads PT_XLA_DEBUG_LEVEL/PT_XLA_DEBUG_FILE once); set them in the environment instead"
+        )
+    os.environ["PT_XLA_DEBUG_LEVEL"] = os.environ.get("PT_XLA_DEBUG_LEVEL", "1") or "1"
+    os.environ["PT_XLA_DEBUG_FILE"] = str(path)
+
+
+def compile_memory_log_path() -> str | None:
+    """Where compiled-program memory analyses go, or None when the log is off."""
+    try:
+        level = int(os.environ.get("PT_XLA_DEBUG_LEVEL", "0") or 0)
+    except ValueError:
+        level = 0
+    path = os.environ.get("PT_XLA_DEBUG_FILE")
+    return path if level >= 1 and path else None
+
+
+def compiled_memory_records(path: str | os.PathLike[str] | None = None) -> list[CompiledMemory]:
+    """Every compiled program's memory analysis logged so far, oldest first ([] when none)."""
+    import re
+
+    path = path or compile_memory_log_path()
+    if not path or not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
+    records: list[CompiledMemory] = []
+    for block in text.split("Post Compilation Analysis: " + "=" * 80)[1:]:
+        values: dict[str, int] = {}
+        for name, label in _POST_COMPILE_FIELDS:
+            match = re.search(re.escape(label) + r": ([0-9.]+) GB", block)
+            if match:
+                values[name] = round(float(match.group(1)) * 1024**3)
+        if len(values) == len(_POST_COMPILE_FIELDS):
+            records.append(CompiledMemory(**values))
+    return records
+
+
+def compile_only(tensors: Sequence[Any]) -> None:
+    """Compile the pending graph that produces `tensors` without running it (fills the cache)."""
+    _xla()._XLAC._xla_warm_up_cache(list(tensors), [])
+
+
+def gradient_checkpoint_function() -> Callable[..., Any]:
+    """torch_xla's activation checkpoint (it puts optimization barriers around the recompute,
+    which stops XLA from merging it back into the forward pass; torch.utils.checkpoint does not)."""
+    import torch_xla.utils.checkpoint as xla_checkpoint
+
+    return xla_checkpoint.checkpoint
+
+
+# ---- training-loop helpers (issue 6: train/checkpoint) -------------------------------
+
+
+def to_cpu(tensors: Sequence[Any]) -> list[Any]:
+    """Copy XLA tensors to the host in one batched transfer (one sync for all of them)."""
+    return list(_xm()._maybe_convert_to_cpu(list(tensors)))
+
+
+def is_xla_tensor(tensor: Any) -> bool:
+    return xla_imported() and bool(_xm().is_xla_tensor(tensor))
+
+
+def rng_state() -> int:
+    """The XLA device's RNG seed state (an int)."""
+    return int(_xm().get_rng_state())
+
+
+def set_rng_state(seed: int) -> None:
+    _xm().set_rng_state(int(seed))
+
+
+def spmd_save_planner() -> Any:
+    """torch.distributed.checkpoint planner that writes each device's local shards (SPMD)."""
+    from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner
+
+    return SPMDSavePlanner()
+
+
+def spmd_load_planner() -> Any:
+    """torch.distributed.checkpoint planner that loads shards into sharded XLA tensors in place."""
+    from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner
+
+    return SPMDLoadPlanner()
+
+
+def activation_checkpoint_fn() -> Callable[..., Any]:
+    """torch_xla's activation checkpoint: like torch's, plus an optimization barrier so XLA's
+    common-subexpression elimination cannot merge the recomputation back into the forward."""
+    from torch_xla.utils.checkpoint import checkpoint
+
+    return checkpoint
+
+
+def copy_sharding(src: Any, dst: Any) -> bool:
+    """Annotate `dst` with `src`'s SPMD sharding (same shape); False when `src` has none.
+
+    Optimizer state created with ``zeros_like(param)`` carries no annotation until a step
+    runs; annotating it up front keeps its sharding fixed across steps, checkpoint loads and
+    restores (one program per batch shape instead of a recompile when shardings drift).
+    """
+    xla = _xla()
+    op = xla._XLAC._get_xla_op_sharding(src)
+    if op is None or tuple(src.shape) != tuple(dst.shape):
+        return False
+    xla._XLAC._xla_mark_sharding(dst, op)
+    return True
