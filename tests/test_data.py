@@ -1,0 +1,209 @@
+"""The embedded corpus, the local tokenizer, record loading, chat rendering and host sharding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench import data
+from workbench.config import DataConfig, WorkbenchConfig
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("wb-cache")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(cache_dir):
+    return data.get_tokenizer(DataConfig(), cache_dir=cache_dir)
+
+
+# ---- the embedded corpus ---------------------------------------------------------------------
+
+
+def test_embedded_corpus_is_real_deterministic_text():
+    corpus = data.embedded_corpus()
+    assert corpus == data.embedded_corpus()
+    assert len(corpus) > 1000 and sum(map(len, corpus)) > 500_000
+    assert len(set(corpus)) == len(corpus)
+    assert all(40 <= len(doc) <= 500 for doc in corpus)
+    joined = "\n".join(corpus)
+    assert "Assert statements are a convenient way" in joined  # pydoc_data.topics
+    assert "Serialize ``obj`` to a JSON formatted ``str``" in joined  # json.dumps' docstring
+    assert len(data.embedded_corpus(max_chars=2000)) < len(corpus)
+    with pytest.raises(ValueError, match="max_chars=10"):
+        data.embedded_corpus(max_chars=10)
+
+
+# ---- the tokenizer ---------------------------------------------------------------------------
+
+
+def test_tokenizer_is_trained_cached_and_complete(tokenizer, cache_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    assert isinstance(tokenizer, PreTrainedTokenizerFast)
+    assert len(tokenizer) == 512
+    for token in (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token):
+        assert token is not None
+    assert len({tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id}) == 3
+    text = "def f(x):\n    return sorted(x, key=len)  # ünïcode"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
+    saved = list((cache_dir / "tokenizers").glob("*/tokenizer.json"))
+    assert len(saved) == 1
+    again = data.get_tokenizer(DataConfig(), cache_dir=cache_dir)  # loaded from disk
+    assert again.get_vocab() == tokenizer.get_vocab()
+    assert again.chat_template == data.CHAT_TEMPLATE
+    assert len(list((cache_dir / "tokenizers").iterdir())) == 1  # nothing trained twice, no leftovers
+
+
+def test_tokenizer_training_is_deterministic(tokenizer):
+    retrained = data.train_tokenizer(data.embedded_corpus(), 512)
+    assert retrained.get_vocab() == tokenizer.get_vocab()
+    assert retrained.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "elsewhere"))
+    assert data.cache_root() == tmp_path / "elsewhere"
+    assert data.cache_root(tmp_path / "given") == tmp_path / "given"
+    monkeypatch.delenv(data.CACHE_ENV)
+    assert data.cache_root() == Path.home() / ".cache" / "xla-workbench"
+
+
+def test_a_users_tokenizer_directory_loads_with_autotokenizer(tokenizer, tmp_path):
+    tokenizer.save_pretrained(tmp_path / "mine")
+    loaded = data.get_tokenizer(DataConfig(tokenizer_path=str(tmp_path / "mine")))
+    assert loaded.get_vocab() == tokenizer.get_vocab()
+    with pytest.raises(FileNotFoundError, match=r"data\.tokenizer_path="):
+        data.get_tokenizer(DataConfig(tokenizer_path=str(tmp_path / "missing")))
+
+
+# ---- records ---------------------------------------------------------------------------------
+
+
+def test_chat_sample_ships_real_records():
+    lines = data.CHAT_SAMPLE.read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert 200 <= len(records) <= 400
+    forms = {("messages" in r, "prompt" in r) for r in records}
+    assert forms == {(True, False), (False, True)}
+    ds = data.load_records(DataConfig(source="chat-sample"))
+    assert ds.column_names == ["messages"] and len(ds) == len(records)
+    roles = {m["role"] for row in ds["messages"] for m in row}
+    assert roles == {"system", "user", "assistant"}
+
+
+def test_load_local_files_in_every_format(tmp_path, cache_dir):
+    rows = [{"text": f"line number {i} of a small local file"} for i in range(6)]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "b.csv").write_text("text\n" + "\n".join(r["text"] for r in rows))
+    (tmp_path / "c.txt").write_text("\n".join(r["text"] for r in rows))
+    import datasets
+
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "d.parquet"))
+    for name in ("a.jsonl", "b.csv", "c.txt", "d.parquet"):
+        ds = data.load_records(DataConfig(source=str(tmp_path / name)), cache_dir=cache_dir)
+        assert ds["text"] == [r["text"] for r in rows], name
+    capped = data.load_records(
+        DataConfig(source=str(tmp_path / "a.jsonl"), max_examples=2), cache_dir=cache_dir
+    )
+    assert len(capped) == 2
+    with pytest.raises(FileNotFoundError, match=r"data\.source="):
+        data.load_records(DataConfig(source=str(tmp_path / "nope.jsonl")))
+    with pytest.raises(ValueError, match="cannot tell the format"):
+        data.load_records(DataConfig(source=str(tmp_path)))  # mixed formats in one directory
+
+
+# ---- tokenising ------------------------------------------------------------------------------
+
+
+def test_text_records_get_bos_eos_and_full_labels(tokenizer):
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"body": ["Return the sum of a and b.", ""]})
+    cfg = DataConfig(text_field="body")
+    out = data.tokenize_records(ds, tokenizer, cfg)
+    assert len(out) == 1  # the empty text gives no usable example
+    row = out[0]
+    assert row["input_ids"][0] == tokenizer.bos_token_id and row["input_ids"][-1] == tokenizer.eos_token_id
+    assert row["labels"] == row["input_ids"] and row["length"] == len(row["input_ids"])
+    with pytest.raises(ValueError, match=r"data\.text_field='text' is not a column"):
+        data.tokenize_records(ds, tokenizer, DataConfig())
+
+
+def test_chat_labels_cover_only_assistant_turns(tokenizer):
+    import datasets
+
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What does len do?"},
+        {"role": "assistant", "content": "Return the number of items in a container."},
+        {"role": "user", "content": "And its signature?"},
+        {"role": "assistant", "content": "len(obj, /)"},
+    ]
+    ds = datasets.Dataset.from_list(
+        [{"messages": messages}, {"messages": [{"role": "user", "content": "hi"}]}]
+    )
+    out = data.tokenize_records(ds, tokenizer, DataConfig(chat=True))
+    assert len(out) == 1  # a conversation without an answer teaches nothing
+    row = out[0]
+    assert row["input_ids"] == tokenizer.apply_chat_template(messages, tokenize=True)
+    labelled = [t for t, lab in zip(row["input_ids"], row["labels"]) if lab != data.IGNORE_INDEX]
+    text = tokenizer.decode(labelled)
+    assert "Return the number of items in a container.<|end|>" in text and "len(obj, /)<|end|>" in text
+    assert "What does len do" not in text and "Be brief" not in text and "<|assistant|>" not in text
+    pr = datasets.Dataset.from_list([{"prompt": "What does abs do?", "response": "Absolute value."}])
+    pr_row = data.tokenize_records(pr, tokenizer, DataConfig())[0]
+    answer = [t for t, lab in zip(pr_row["input_ids"], pr_row["labels"]) if lab != data.IGNORE_INDEX]
+    assert tokenizer.decode(answer).startswith("Absolute value.")
+
+
+def test_chat_sample_tokenises_with_masked_prompts(tokenizer):
+    cfg = DataConfig(source="chat-sample")
+    out = data.tokenize_records(data.load_records(cfg), tokenizer, cfg)
+    assert len(out) >= 200
+    for row in out.select(range(20)):
+        masked = sum(lab == data.IGNORE_INDEX for lab in row["labels"])
+        assert 0 < masked < row["length"]
+
+
+# ---- hosts and the builder --------------------------------------------------------------------
+
+
+def test_shard_for_host_covers_every_example_once():
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"i": list(range(23))})
+    seen = []
+    for index in range(4):
+        seen.extend(data.shard_for_host(ds, 4, index)["i"])
+    assert sorted(seen) == list(range(23))
+    assert data.shard_for_host(ds, 1, 0) is ds
+    with pytest.raises(ValueError, match="process_index=4"):
+        data.shard_for_host(ds, 4, 4)
+    with pytest.raises(ValueError, match="num_processes=0"):
+        data.shard_for_host(ds, 0, 0)
+
+
+def test_build_datasets_end_to_end(tokenizer, cache_dir):
+    cfg = WorkbenchConfig().with_overrides(["data.max_examples=300", "data.eval_fraction=0.1"])
+    train, evaluation, tok = data.build_datasets(cfg, tokenizer, cache_dir=cache_dir)
+    assert tok is tokenizer
+    assert len(train) + len(evaluation) == 300 and len(evaluation) == 30
+    assert set(train.column_names) == {"input_ids", "labels", "length"}
+    again, _, _ = data.build_datasets(cfg, tokenizer, cache_dir=cache_dir)
+    assert again["length"] == train["length"]  # the split is seeded
+    none_cfg = cfg.with_overrides(["data.eval_fraction=0"])
+    assert data.build_datasets(none_cfg, tokenizer)[1] is None
+
+
+def test_assets_ship_with_the_package():
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["workbench"]
+    assert any(Path("assets/chat_sample.jsonl").match(p) for p in patterns)
+    assert data.CHAT_SAMPLE.is_file() and data.CHAT_SAMPLE.parent.name == "assets"
