@@ -1,0 +1,372 @@
+"""Tests for workbench/memory.py: the estimate's arithmetic, the batch finder, the OOM retry,
+and (on XLA:CPU) the estimate against the compiler's own memory analysis of the real step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench import memory
+from workbench.config import ModelConfig
+from workbench.memory import estimate, find_batch_size, is_oom_error, max_batch_size, run_with_oom_retry
+from workbench.models import build_model, count_parameters, hf_config
+
+TINY = ModelConfig(
+    hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512
+)
+
+
+def _cfg(**kw) -> ModelConfig:
+    base = dict(
+        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512
+    )
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+# ---- the model's shape ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        _cfg(family="llama"),
+        _cfg(family="llama", tie_word_embeddings=False),
+        _cfg(family="qwen2"),
+        _cfg(family="mistral"),
+        _cfg(family="gemma"),
+        _cfg(family="gpt2", num_kv_heads=4, intermediate_size=256),
+        _cfg(family="gpt2", num_kv_heads=4, intermediate_size=256, tie_word_embeddings=False),
+    ],
+    ids=["llama", "llama-untied", "qwen2", "mistral", "gemma", "gpt2", "gpt2-untied"],
+)
+def test_parameter_count_from_config_matches_the_real_model(cfg):
+    model = build_model(cfg)
+    shape = memory.model_shape(hf_config(cfg))
+    assert shape.num_parameters == count_parameters(model)
+    # a model and a workbench ModelConfig are accepted too, and agree
+    assert memory.model_shape(model).num_parameters == count_parameters(model)
+    assert memory.model_shape(cfg).num_parameters == count_parameters(model)
+
+
+def test_unsupported_model_config_names_the_type():
+    with pytest.raises(ValueError, match=r"model_type='bert'"):
+        memory.model_shape(type("Cfg", (), {"model_type": "bert"})())
+
+
+# ---- the estimate --------------------------------------------------------------------
+
+
+def test_breakdown_hand_calculation_llama_fp32():
+    """Every part by hand for the tiny Llama: H=64, 2 layers, 4 heads x 16, MLP 128, vocab 512, B=2, T=32."""
+    est = estimate(TINY, batch_size=2, seq_len=32, precision="fp32", optimizer="adamw")
+    # 512*64 tied embedding + 2 layers * (2*64 norms + 64*64 q + 2*32*64 k,v + 64*64 o + 3*128*64 MLP) + 64
+    n = 512 * 64 + 2 * (2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 128 * 64) + 64
+    assert est.num_parameters == n
+    b = est.breakdown
+    assert set(memory.BREAKDOWN_KEYS) <= set(b)
+    assert b["params"] == 4 * n and b["grads"] == 4 * n and b["optimizer"] == 8 * n
+    tokens = 64
+    # per layer per token: H + 4H (norms) + 4*h*d + h*T + 4I = 64 + 256 + 256 + 128 + 512
+    per_layer = 64 + 256 + 256 + 4 * 32 + 4 * 128
+    assert b["activations"] == tokens * (2 * per_layer + 3 * 64) * 4
+    assert b["logits"] == tokens * 4 * 512 * 4
+    assert b["inputs"] == tokens * 16
+    assert est.total_bytes == sum(b.values())
+
+
+def test_precision_checkpointing_attention_and_mesh_move_the_right_parts():
+    fp32 = estimate(TINY, batch_size=8, seq_len=64, precision="fp32")
+    bf16 = estimate(TINY, batch_size=8, seq_len=64, precision="bf16")
+    mixed = estimate(TINY, batch_size=8, seq_len=64, precision="bf16-mixed")
+    assert bf16.breakdown["params"] * 2 == fp32.breakdown["params"]
+    assert bf16.breakdown["optimizer"] * 2 == fp32.breakdown["optimizer"]
+    assert mixed.breakdown["params"] == fp32.breakdown["params"]  # fp32 master weights
+    assert mixed.breakdown["param_casts"] > 0 and fp32.breakdown["param_casts"] == 0
+    assert bf16.breakdown["activations"] < fp32.breakdown["activations"]
+
+    deep = _cfg(num_layers=8)
+    plain = estimate(deep, batch_size=8, seq_len=128, precision="fp32")
+    ckpt = estimate(deep, batch_size=8, seq_len=128, precision="fp32", gradient_checkpointing=True)
+    assert ckpt.breakdown["activations"] < plain.breakdown["activations"] / 3
+    assert ckpt.breakdown["params"] == plain.breakdown["params"]
+
+    flash = estimate(TINY, batch_size=8, seq_len=512, precision="fp32", attention="flash")
+    eager = estimate(TINY, batch_size=8, seq_len=512, precision="fp32", attention="eager")
+    # eager keeps h*T probabilities per token per layer: 2 layers * 4 heads * 512 * 4 bytes * 4096 tokens
+    assert eager.breakdown["activations"] - flash.breakdown["activations"] == 2 * 4 * 512 * 4 * 8 * 512
+
+    sharded = estimate(
+        TINY, batch_size=16, seq_len=64, precision="fp32", mesh={"data": 2, "fsdp": 4, "model": 1}
+    )
+    single = estimate(TINY, batch_size=2, seq_len=64, precision="fp32")
+    assert sharded.per_device_batch == 2
+    assert sharded.breakdown["activations"] == single.breakdown["activations"]
+    assert sharded.breakdown["params"] == pytest.approx(single.breakdown["params"] / 4, abs=1)
+    assert sharded.breakdown["gathered_params"] == single.breakdown["params"]  # fp32 compute: one full copy
+
+    accum = estimate(TINY, batch_size=8, seq_len=64, grad_accum=4)
+    assert accum.breakdown["grad_accum_buffer"] == accum.breakdown["grads"]
+
+    sgd = estimate(TINY, batch_size=8, seq_len=64, optimizer="sgd")
+    ada = estimate(TINY, batch_size=8, seq_len=64, optimizer="adafactor")
+    assert sgd.breakdown["optimizer"] == 0 < ada.breakdown["optimizer"] < fp32.breakdown["optimizer"] / 10
+
+
+def test_a_mesh_spec_object_is_accepted():
+    from workbench.sharding import MeshSpec
+
+    spec = MeshSpec(data=-1, fsdp=4).resolve(8)
+    est = estimate(TINY, batch_size=16, seq_len=32, mesh=spec)
+    assert est.per_device_batch == 2 and est.mesh == {"data": 2, "fsdp": 4, "model": 1}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"precision": "fp8"}, r"precision='fp8'.*'fp32', 'bf16-mixed', 'bf16'"),
+        ({"optimizer": "lion"}, r"optimizer='lion'.*'adamw'"),
+        ({"batch_size": 6, "mesh": {"data": 4, "fsdp": 1, "model": 1}}, r"batch_size=6.*multiple of 4"),
+        ({"batch_size": 0}, r"batch_size=0.*int >= 1"),
+        ({"mesh": {"data": -1, "fsdp": 2, "model": 1}}, r"data=-1.*resolve"),
+        ({"attention": "sparse"}, r"attention='sparse'"),
+    ],
+)
+def test_bad_input_names_the_field(kwargs, pattern):
+    kw = {"batch_size": 8, "seq_len": 32, **kwargs}
+    with pytest.raises(ValueError, match=pattern):
+        estimate(TINY, **kw)
+
+
+def test_fits_and_table():
+    est = estimate(TINY, batch_size=8, seq_len=32)
+    assert (
+        est.fits(est.total_bytes * 2)
+        and not est.fits(est.total_bytes)
+        and est.fits(est.total_bytes, headroom=0)
+    )
+    assert est.fits(None)
+    assert "activations" in est.table() and "total" in est.table()
+    rows = memory.estimate_table(TINY, [2, 4, 8], [32, 64], memory_bytes=est.total_bytes * 1.5)
+    assert len(rows) == 6
+    totals = {(r["batch_size"], r["seq_len"]): r["total_bytes"] for r in rows}
+    assert totals[(2, 32)] < totals[(4, 32)] < totals[(8, 32)] < totals[(8, 64)]
+    assert {r["fits"] for r in rows} == {True, False}
+    assert "batch_size" in memory.format_table(rows)
+
+
+# ---- the batch finder ----------------------------------------------------------------
+
+
+def test_max_batch_size_is_the_largest_fitting_multiple():
+    budget = 64 * 1024**2
+    best = max_batch_size(TINY, seq_len=128, memory_bytes=budget, multiple_of=8, precision="fp32")
+    assert best > 0 and best % 8 == 0
+    assert estimate(TINY, batch_size=best, seq_len=128, precision="fp32").fits(budget)
+    assert not estimate(TINY, batch_size=best + 8, seq_len=128, precision="fp32").fits(budget)
+    assert max_batch_size(TINY, seq_len=128, memory_bytes=1024, precision="fp32") == 0
+
+
+def test_find_batch_size_uses_the_compiled_figure_to_step_down():
+    budget = 64 * 1024**2
+    best = max_batch_size(TINY, seq_len=128, memory_bytes=budget, multiple_of=8, precision="fp32")
+    probed: list[int] = []
+
+    def compiled(batch: int) -> int:
+        probed.append(batch)
+        # the "compiler" needs 50% more than the estimate: only smaller sizes fit
+        return int(estimate(TINY, batch_size=batch, seq_len=128, precision="fp32").total_bytes * 1.5)
+
+    plan = find_batch_size(
+        TINY, seq_len=128, memory_bytes=budget, dp_size=8, compiled_bytes=compiled, precision="fp32"
+    )
+    assert all(r["batch_size"] % 8 == 0 for r in plan.candidates)
+    assert 0 < plan.batch_size < best
+    assert plan.compiled_bytes is not None and plan.compiled_bytes <= budget * 0.9
+    assert probed[0] == best  # the estimate's best was tried first, then smaller ones
+    reasons = {r["batch_size"]: r["reason"] for r in plan.candidates}
+    assert reasons[best] == "compiled program over budget"
+
+    no_probe = find_batch_size(TINY, seq_len=128, memory_bytes=budget, dp_size=8, precision="fp32")
+    assert no_probe.batch_size == best and no_probe.compiled_bytes is None
+    with pytest.raises(ValueError, match=r"candidate batch size 12.*dp_size=8"):
+        find_batch_size(TINY, seq_len=128, memory_bytes=budget, dp_size=8, candidates=[8, 12])
+
+
+# ---- out-of-memory -------------------------------------------------------------------
+
+XLA_OOM = (
+    "Bad StatusOr access: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate "
+    "1.00G. That was not possible. There are 512.00M free.; (0x0x0_HBM0)"
+)
+CUDA_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 15.77 GiB"
+
+
+def test_is_oom_error_recognises_xla_and_cuda_errors():
+    assert is_oom_error(RuntimeError(XLA_OOM))
+    assert is_oom_error(torch.OutOfMemoryError(CUDA_OOM))
+    assert is_oom_error(
+        RuntimeError("XLA:TPU compile permanent error. Ran out of memory in memory space hbm.")
+    )
+    wrapped = ValueError("step failed")
+    wrapped.__cause__ = RuntimeError(XLA_OOM)
+    assert is_oom_error(wrapped)
+    assert not is_oom_error(ValueError("shape mismatch: [2, 3] vs [3, 2]"))
+    assert not is_oom_error(RuntimeError("INVALID_ARGUMENT: bad shape"))
+
+
+def test_oom_retry_keeps_the_effective_batch_and_the_gradient():
+    """A real accumulation step on the CPU; micro-batches above 4 raise the injected OOM errors."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    x, y = torch.randn(32, 16), torch.randn(32, 4)
+
+    def full_grad() -> torch.Tensor:
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        return model.weight.grad.clone()
+
+    expected = full_grad()
+    errors = iter([RuntimeError(XLA_OOM), torch.OutOfMemoryError(CUDA_OOM), RuntimeError(XLA_OOM)])
+    calls: list[tuple[int, int]] = []
+
+    def step(micro: int, accum: int) -> torch.Tensor:
+        calls.append((micro, accum))
+        assert micro * accum == 32
+        model.zero_grad()
+        for i in range(accum):
+            if micro > 4:
+                raise next(errors)
+            sl = slice(i * micro, (i + 1) * micro)
+            (torch.nn.functional.mse_loss(model(x[sl]), y[sl]) / accum).backward()
+        return model.weight.grad.clone()
+
+    result = run_with_oom_retry(step, micro_batch=32, grad_accum=1)
+    assert calls == [(32, 1), (16, 2), (8, 4), (4, 8)]
+    assert (result.micro_batch, result.grad_accum, result.effective_batch) == (4, 8, 32)
+    torch.testing.assert_close(result.value, expected)
+    assert [a["error"] is None for a in result.attempts] == [False, False, False, True]
+
+
+def test_oom_retry_gives_up_and_passes_other_errors():
+    def always_oom(micro: int, accum: int) -> None:
+        raise RuntimeError(XLA_OOM)
+
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        run_with_oom_retry(always_oom, micro_batch=8, grad_accum=1, min_micro_batch=2)
+
+    seen: list[int] = []
+
+    def oom_then_other(micro: int, accum: int) -> None:
+        seen.append(micro)
+        raise RuntimeError(XLA_OOM) if micro == 16 else KeyError("input_ids")
+
+    with pytest.raises(KeyError):
+        run_with_oom_retry(oom_then_other, micro_batch=16, grad_accum=1)
+    assert seen == [16, 8]
+
+    # halving 24 -> 12 would leave the data-parallel multiple of 8: stop there
+    with pytest.raises(RuntimeError, match="RESOURCE_EXHAUSTED"):
+        run_with_oom_retry(always_oom, micro_batch=24, grad_accum=1, multiple_of=8)
+    with pytest.raises(ValueError, match=r"micro_batch=6.*multiple_of=4"):
+        run_with_oom_retry(always_oom, micro_batch=6, grad_accum=1, multiple_of=4)
+
+
+# ---- against the compiler (XLA:CPU) ----------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_estimate_within_15_percent_of_the_compiler(xla, tmp_path):
+    """The compiler's memory analysis of the real training step vs the estimate, unsharded; and
+    the compile-only probe that the batch finder uses (it compiles without executing)."""
+    out = xla(
+        """
+        from workbench import memory, runtime
+        from workbench.config import ModelConfig
+        cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
+        rows = []
+        for b, t in [(2, 128), (8, 32)]:
+            m = memory.compiled_step_memory(cfg, batch_size=b, seq_len=t)
+            e = memory.estimate(cfg, batch_size=b, seq_len=t, precision="fp32")
+            rows.append([b, t, m.peak_bytes, e.total_bytes, m.programs])
+        executed = runtime.execute_count()
+        probe = memory.compiled_step_probe(cfg, seq_len=32)
+        probed = probe(16)
+        budget = int(memory.estimate(cfg, batch_size=16, seq_len=32, precision="fp32").total_bytes * 1.2)
+        plan = memory.find_batch_size(cfg, seq_len=32, memory_bytes=budget, dp_size=8, headroom=0.0,
+                                      compiled_bytes=probe, precision="fp32")
+        emit(dict(rows=rows, probed=probed, probe_executed=runtime.execute_count() - executed,
+                  est16=memory.estimate(cfg, batch_size=16, seq_len=32, precision="fp32").total_bytes,
+                  plan=[plan.batch_size, plan.compiled_bytes]))
+        """,
+        env={"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(tmp_path / "compile.log")},
+    )
+    for b, t, compiler, est, programs in out["rows"]:
+        assert programs == 2  # first step (creates the AdamW state), then the steady-state step
+        assert abs(est - compiler) / compiler <= 0.15, (b, t, compiler, est)
+    assert out["probe_executed"] == 0  # compiled, never run
+    assert abs(out["est16"] - out["probed"]) / out["probed"] <= 0.15
+    batch, compiled = out["plan"]
+    assert batch == 16 and compiled is not None and compiled <= out["est16"] * 1.2
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_estimate_within_15_percent_of_the_compiler_under_fsdp(xla, tmp_path):
+    out = xla(
+        """
+        from workbench import memory, runtime
+        from workbench.config import ModelConfig
+        runtime.use_spmd()
+        cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
+        m = memory.compiled_step_memory(cfg, batch_size=16, seq_len=32, fsdp=8)
+        e = memory.estimate(cfg, batch_size=16, seq_len=32, precision="fp32", mesh={"data": 1, "fsdp": 8, "model": 1})
+        single = memory.estimate(cfg, batch_size=16, seq_len=32, precision="fp32")
+        emit([m.peak_bytes, m.argument_bytes, e.total_bytes, e.breakdown["params"], single.total_bytes])
+        """,
+        env={"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(tmp_path / "compile.log")},
+    )
+    compiler, args, est, params, single = out
+    assert abs(est - compiler) / compiler <= 0.15
+    assert args < 4 * params  # the compiler sees 1/8 of the weights and state per device
+    assert compiler < single / 3
+
+
+def test_a_pretrained_path_is_read_from_its_own_config(tmp_path):
+    model = build_model(_cfg(family="qwen2", hidden_size=32, intermediate_size=64))
+    model.save_pretrained(tmp_path / "ckpt")
+    cfg = ModelConfig(family="llama", pretrained_path=str(tmp_path / "ckpt"))  # family/sizes come from disk
+    shape = memory.model_shape(cfg)
+    assert shape.family == "qwen2" and shape.hidden == 32
+    assert shape.num_parameters == count_parameters(model)
+
+
+def test_compile_memory_log_is_parsed(tmp_path, monkeypatch):
+    """The block torch_xla 2.9 writes after each compile (debug_util.cpp), values in GiB."""
+    from workbench import runtime
+
+    log = tmp_path / "compile.log"
+    monkeypatch.setenv("PT_XLA_DEBUG_LEVEL", "0")
+    monkeypatch.setenv("PT_XLA_DEBUG_FILE", "")
+    assert runtime.compile_memory_log_path() is None
+    monkeypatch.delenv("PT_XLA_DEBUG_LEVEL")
+    runtime.enable_compile_memory_log(log)
+    assert runtime.compile_memory_log_path() == str(log)
+    assert runtime.compiled_memory_records() == []
+    block = (
+        "\nComputation hash: 1f2e\n\nPost Compilation Analysis: " + "=" * 80 + "\n"
+        "Post Compilation Analysis: Graph input size: 0.001562 GB\n"
+        "Post Compilation Analysis: Graph output size: 0.001560 GB\n"
+        "Post Compilation Analysis: Aliased Input size: 0.001560 GB\n"
+        "Post Compilation Analysis: Intermediate tensor size: 0.004768 GB\n"
+        "Post Compilation Analysis: Compiled program size: 0.000100 GB\n"
+        "Post Compilation Analysis: " + "-" * 80 + "\n"
+    )
+    log.write_text("Compilation Analysis: noise\n" + block + block.replace("0.004768", "0.009537"))
+    first, second = runtime.compiled_memory_records()
+    assert first.argument_bytes == round(0.001562 * 2**30) and first.temp_bytes == round(0.004768 * 2**30)
+    assert (
+        first.peak_bytes == first.argument_bytes + first.output_bytes - first.alias_bytes + first.temp_bytes
+    )
+    assert second.temp_bytes > first.temp_bytes

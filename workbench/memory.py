@@ -1,0 +1,897 @@
+"""Will it fit? Per-device memory of one training step, estimated before anything compiles.
+
+`estimate` adds up, per device, what a training step holds at its peak: parameters,
+gradients, optimizer state, the activations saved for the backward pass (a per-layer
+formula for the family's attention and MLP, with and without materialised attention
+scores, with and without activation checkpointing), the logits and loss temporaries, and
+the batch itself. A mesh (`MeshSpec` sizes; nothing is built) divides parameters, gradients
+and optimizer state over ``fsdp x model`` and the batch over ``data x fsdp``.
+
+The activation formula counts the tensors autograd saves in the `transformers`
+implementations, per token of one layer (H hidden, h heads of size d, I MLP width, T length):
+
+    H                 the layer input (all that checkpointing keeps)
+    2H + 2H           each norm's input and normalised output (kept in fp32 by HF norms)
+    4hd               q, k and v after repeat_kv (GQA materialises k and v for every head),
+                      and the attention output that feeds o_proj
+    hT                the softmax probabilities, when attention is materialised ("eager");
+                      a flash/fused kernel keeps only a per-head log-sum-exp
+    4I (gated MLP)    gate, up, act(gate), act(gate)*up; 2I for a plain MLP (GPT-2)
+
+and the loss keeps 4 vocab-sized fp32 tensors per token (logits, log-softmax and the two
+gradients: HF upcasts logits to fp32 for the loss). With checkpointing a layer keeps only
+its input, and one layer at a time is recomputed in the backward pass.
+
+The estimate was checked against the XLA compiler's own memory analysis of the real
+training step on XLA:CPU (``bench/memory.py``, `compiled_step_memory`); the table and the
+rows that miss are in the issue note. Two things the compiler does that a formula cannot see:
+under FSDP it keeps the all-gathered weights alive between forward and backward (counted here
+as one full copy, ``gathered_params``), and on XLA:CPU checkpointing saves almost nothing:
+its optimizer pipeline removes the optimization barriers torch_xla's checkpoint inserts, and
+the compiled step keeps about as much as an unchecked one (also with CSE switched off). The
+estimate models checkpointing as it is meant to work, so checkpointed rows on XLA:CPU miss.
+
+Also here: the largest batch that fits (`max_batch_size`, `find_batch_size`, which can
+confirm with the compiled program's own figure), and a retry on out-of-memory that halves
+the micro-batch and doubles gradient accumulation (`run_with_oom_retry`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Precision = Literal["fp32", "bf16-mixed", "bf16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "bf16")
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "sgd")
+ATTENTIONS: tuple[str, ...] = ("eager", "flash")
+BREAKDOWN_KEYS: tuple[str, ...] = (
+    "params",
+    "grads",
+    "optimizer",
+    "activations",
+    "logits",
+    "inputs",
+    "gathered_params",
+    "param_casts",
+    "grad_accum_buffer",
+)
+"""Every key of `MemoryEstimate.breakdown`, in display order."""
+
+GiB = 1024**3
+
+# ---- the model's shape ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only transformer that memory and FLOPs depend on."""
+
+    family: str
+    """`transformers` model_type: llama, qwen2, mistral, gemma, gpt2."""
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_positions: int
+    tied: bool
+    """Input embedding shared with the LM head."""
+    gated_mlp: bool
+    """SwiGLU/GeGLU MLP (gate, up, down) rather than GPT-2's fc -> act -> proj."""
+    qkv_bias: bool = False
+    gpt2_style: bool = False
+    """LayerNorm with biases, biased linears, learned position embeddings."""
+    attention: str = "eager"
+    """How the model's attention runs: 'eager' materialises the T x T scores; 'flash' does not."""
+    num_parameters_override: int | None = None
+    """The real model's unique parameter count, when a model (not a config) was given."""
+
+    def parameter_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Every parameter tensor the family's `transformers` implementation creates (tied ones once)."""
+        H, hd, kvd, inter = (
+            self.hidden,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate,
+        )
+        shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens", (self.vocab, H))]
+        if self.gpt2_style:
+            shapes.append(("position_embeddings", (self.max_positions, H)))
+        for i in range(self.layers):
+            p = f"layers.{i}."
+            if self.gpt2_style:
+                shapes += [
+                    (p + "ln_1.weight", (H,)),
+                    (p + "ln_1.bias", (H,)),
+                    (p + "attn.c_attn.weight", (H, 3 * H)),
+                    (p + "attn.c_attn.bias", (3 * H,)),
+                    (p + "attn.c_proj.weight", (H, H)),
+                    (p + "attn.c_proj.bias", (H,)),
+                    (p + "ln_2.weight", (H,)),
+                    (p + "ln_2.bias", (H,)),
+                    (p + "mlp.c_fc.weight", (H, inter)),
+                    (p + "mlp.c_fc.bias", (inter,)),
+                    (p + "mlp.c_proj.weight", (inter, H)),
+                    (p + "mlp.c_proj.bias", (H,)),
+                ]
+                continue
+            shapes += [
+                (p + "input_layernorm.weight", (H,)),
+                (p + "q_proj.weight", (hd, H)),
+                (p + "k_proj.weight", (kvd, H)),
+                (p + "v_proj.weight", (kvd, H)),
+                (p + "o_proj.weight", (H, hd)),
+                (p + "post_attention_layernorm.weight", (H,)),
+                (p + "gate_proj.weight", (inter, H)),
+                (p + "up_proj.weight", (inter, H)),
+                (p + "down_proj.weight", (H, inter)),
+            ]
+            if self.qkv_bias:
+                shapes += [
+                    (p + "q_proj.bias", (hd,)),
+                    (p + "k_proj.bias", (kvd,)),
+                    (p + "v_proj.bias", (kvd,)),
+                ]
+        shapes.append(("final_norm.weight", (H,)))
+        if self.gpt2_style:
+            shapes.append(("final_norm.bias", (H,)))
+        if not self.tied:
+            shapes.append(("lm_head.weight", (self.vocab, H)))
+        return shapes
+
+    @property
+    def num_parameters(self) -> int:
+        """Unique parameters (the real model's count when one was given)."""
+        if self.num_parameters_override is not None:
+            return self.num_parameters_override
+        return sum(math.prod(shape) for _, shape in self.parameter_shapes())
+
+    @property
+    def matmul_parameters(self) -> int:
+        """Parameters that take part in matrix multiplies: all but the lookup-only embeddings.
+
+        The input embedding is a table lookup, unless tied to the LM head (then it is the LM
+        head's matmul); learned position embeddings are always lookups.
+        """
+        n = self.num_parameters
+        if self.gpt2_style:
+            n -= self.max_positions * self.hidden
+        if not self.tied:
+            n -= self.vocab * self.hidden
+        return n
+
+
+_GATED_FAMILIES = {"llama", "qwen2", "mistral", "gemma", "gemma2", "gemma3_text", "qwen3", "phi3"}
+SUPPORTED_FAMILIES: tuple[str, ...] = ("llama", "qwen2", "mistral", "gemma", "gpt2")
+
+
+def model_shape(model_config: Any) -> ModelShape:
+    """The `ModelShape` of a `transformers` config, a model (``.config``), or a workbench `ModelConfig`."""
+    real_params: int | None = None
+    config = model_config
+    if hasattr(model_config, "parameters") and hasattr(model_config, "config"):  # a model
+        config = model_config.config
+        seen: set[int] = set()
+        real_params = 0
+        for p in model_config.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                real_params += p.numel()
+    elif type(model_config).__name__ == "ModelConfig" and hasattr(model_config, "family"):
+        if getattr(model_config, "pretrained_path", None):  # the checkpoint's own config, read from disk
+            import transformers as tf
+
+            config = tf.AutoConfig.from_pretrained(model_config.pretrained_path)
+        else:
+            from workbench.models import hf_config
+
+            config = hf_config(model_config)
+    family = getattr(config, "model_type", None)
+    if family == "gpt2":
+        hidden = int(config.n_embd)
+        heads = int(config.n_head)
+        inner = config.n_inner if config.n_inner is not None else 4 * hidden
+        return ModelShape(
+            family="gpt2",
+            hidden=hidden,
+            layers=int(config.n_layer),
+            heads=heads,
+            kv_heads=heads,
+            head_dim=hidden // heads,
+            intermediate=int(inner),
+            vocab=int(config.vocab_size),
+            max_positions=int(config.n_positions),
+            tied=bool(getattr(config, "tie_word_embeddings", True)),
+            gated_mlp=False,
+            gpt2_style=True,
+            attention=_attention_of(config),
+            num_parameters_override=real_params,
+        )
+    if family in _GATED_FAMILIES:
+        hidden = int(config.hidden_size)
+        heads = int(config.num_attention_heads)
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        tied = bool(getattr(config, "tie_word_embeddings", family.startswith("gemma")))
+        return ModelShape(
+            family=family,
+            hidden=hidden,
+            layers=int(config.num_hidden_layers),
+            heads=heads,
+            kv_heads=int(kv),
+            head_dim=int(head_dim),
+            intermediate=int(config.intermediate_size),
+            vocab=int(config.vocab_size),
+            max_positions=int(getattr(config, "max_position_embeddings", 0) or 0),
+            tied=tied,
+            gated_mlp=True,
+            qkv_bias=family == "qwen2" or bool(getattr(config, "attention_bias", False)),
+            attention=_attention_of(config),
+            num_parameters_override=real_params,
+        )
+    raise ValueError(
+        f"model_config of type {type(model_config).__name__} (model_type={family!r}) is not supported: "
+        f"expected a transformers config or model of the families {', '.join(SUPPORTED_FAMILIES)}, "
+        "or a workbench ModelConfig"
+    )
+
+
+def _attention_of(config: Any) -> str:
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    return "flash" if "flash" in str(impl) or "splash" in str(impl) else "eager"
+
+
+# ---- precision and optimizer -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Bytes:
+    param: int
+    grad: int
+    compute: int
+    """Activations and the weights as the matmuls see them."""
+    state: int
+    """One optimizer state element."""
+
+
+def _bytes_for(precision: str) -> _Bytes:
+    if precision == "fp32":
+        return _Bytes(param=4, grad=4, compute=4, state=4)
+    if precision == "bf16-mixed":  # fp32 master weights, grads and state; bf16 autocast compute
+        return _Bytes(param=4, grad=4, compute=2, state=4)
+    if precision == "bf16":  # everything in bf16
+        return _Bytes(param=2, grad=2, compute=2, state=2)
+    raise ValueError(f"precision={precision!r} is not allowed: one of {', '.join(map(repr, PRECISIONS))}")
+
+
+def optimizer_state_elements(shape: ModelShape, optimizer: str) -> int:
+    """Optimizer state elements for the whole model.
+
+    adamw: two moments per parameter. adafactor (torch.optim.Adafactor, no momentum):
+    a row and a column second-moment vector per matrix, the full second moment for vectors.
+    sgd: none (plain SGD, no momentum).
+    """
+    if optimizer == "adamw":
+        return 2 * shape.num_parameters
+    if optimizer == "sgd":
+        return 0
+    if optimizer == "adafactor":
+        return sum(s[0] + s[1] if len(s) == 2 else math.prod(s) for _, s in shape.parameter_shapes())
+    raise ValueError(f"optimizer={optimizer!r} is not allowed: one of {', '.join(map(repr, OPTIMIZERS))}")
+
+
+# ---- the estimate ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-device bytes of one training step at its peak."""
+
+    total_bytes: int
+    breakdown: dict[str, int]
+    """Bytes per part; keys in `BREAKDOWN_KEYS` (params, grads, optimizer, activations, logits, ...)."""
+    batch_size: int
+    """Global micro-batch (sequences per forward pass, all devices together)."""
+    seq_len: int
+    per_device_batch: int
+    precision: str
+    optimizer: str
+    gradient_checkpointing: bool
+    mesh: dict[str, int] = field(default_factory=dict)
+    attention: str = "eager"
+    num_parameters: int = 0
+
+    def fits(self, memory_bytes: int | None, headroom: float = 0.1) -> bool:
+        """True when the estimate stays under `memory_bytes` less a `headroom` fraction (XLA's own
+        buffers, fragmentation, the runtime). Unknown memory (None) counts as fitting."""
+        if memory_bytes is None:
+            return True
+        if not 0 <= headroom < 1:
+            raise ValueError(f"headroom={headroom!r} is not allowed: a fraction in [0, 1)")
+        return self.total_bytes <= memory_bytes * (1 - headroom)
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_bytes / GiB
+
+    def table(self) -> str:
+        """The breakdown as aligned text, largest part first."""
+        rows = sorted(((k, v) for k, v in self.breakdown.items() if v), key=lambda kv: -kv[1])
+        width = max((len(k) for k, _ in rows), default=5)
+        lines = [f"{k:<{width}}  {_fmt(v):>10}  {100 * v / max(self.total_bytes, 1):5.1f}%" for k, v in rows]
+        lines.append(f"{'total':<{width}}  {_fmt(self.total_bytes):>10}")
+        return "\n".join(lines)
+
+
+def _fmt(n: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _mesh_sizes(mesh: Any) -> dict[str, int]:
+    if mesh is None:
+        return {"data": 1, "fsdp": 1, "model": 1}
+    sizes = dict(mesh.axis_sizes) if hasattr(mesh, "axis_sizes") else dict(mesh)
+    out = {axis: int(sizes.get(axis, 1)) for axis in ("data", "fsdp", "model")}
+    for axis, size in out.items():
+        if size < 1:
+            raise ValueError(
+                f"mesh {axis}={size} is not allowed here: resolve the mesh first "
+                "(MeshSpec.resolve(num_devices)) so every axis has a size >= 1"
+            )
+    return out
+
+
+def activation_elements_per_token(
+    shape: ModelShape, seq_len: int, *, gradient_checkpointing: bool = False, model_parallel: int = 1
+) -> dict[str, float]:
+    """Elements saved per token for the backward pass: ``{"layer": one layer, "all_layers": all,
+    "fp32_part": of those, the norm tensors HF keeps in fp32, "scores": attention probabilities}``."""
+    H, inner, mp = shape.hidden, shape.heads * shape.head_dim, model_parallel
+    norms = 4 * H  # two norms, input + normalised output each
+    qkvo = 4 * inner / mp
+    scores = shape.heads * seq_len / mp if shape.attention == "eager" else 0.0
+    mlp = (4 if shape.gated_mlp else 2) * shape.intermediate / mp
+    layer = H + norms + qkvo + scores + mlp
+    if gradient_checkpointing:
+        # every layer keeps its input; the backward pass recomputes one layer at a time
+        all_layers = shape.layers * H + (norms + qkvo + scores + mlp)
+        fp32_norms = norms
+        n_scores = scores
+    else:
+        all_layers = shape.layers * layer
+        fp32_norms = shape.layers * norms
+        n_scores = shape.layers * scores
+    final = 3 * H  # embedding output, final norm input + output
+    return {
+        "layer": layer,
+        "all_layers": all_layers + final,
+        "fp32_part": fp32_norms + 2 * H,
+        "scores": n_scores,
+    }
+
+
+def estimate(
+    model_config: Any,
+    *,
+    batch_size: int,
+    seq_len: int,
+    optimizer: str = "adamw",
+    precision: str = "bf16-mixed",
+    gradient_checkpointing: bool = False,
+    mesh: Any = None,
+    grad_accum: int = 1,
+    attention: str | None = None,
+) -> MemoryEstimate:
+    """Per-device peak memory of one training step (forward, backward, optimizer update).
+
+    `model_config`: a `transformers` config or model (Llama, Qwen2, Mistral, Gemma, GPT-2) or a
+    workbench `ModelConfig`. `batch_size`: the global micro-batch, split over the mesh's
+    data x fsdp axes. `mesh`: a resolved `MeshSpec` (or a dict of axis sizes); None is one device.
+    `attention`: 'eager' (scores materialised) or 'flash'; default: what the config says.
+    """
+    shape = model_shape(model_config)
+    if attention is not None:
+        if attention not in ATTENTIONS:
+            raise ValueError(
+                f"attention={attention!r} is not allowed: one of {', '.join(map(repr, ATTENTIONS))}"
+            )
+        shape = ModelShape(**{**shape.__dict__, "attention": attention})
+    _check_positive("batch_size", batch_size)
+    _check_positive("seq_len", seq_len)
+    _check_positive("grad_accum", grad_accum)
+    nbytes = _bytes_for(precision)
+    sizes = _mesh_sizes(mesh)
+    dp = sizes["data"] * sizes["fsdp"]
+    if batch_size % dp:
+        raise ValueError(
+            f"batch_size={batch_size} is not allowed with mesh data({sizes['data']}) x fsdp({sizes['fsdp']}): "
+            f"it must be a multiple of {dp}, the data-parallel size"
+        )
+    shard = sizes["fsdp"] * sizes["model"]  # parameter/state sharding
+    mp = sizes["model"]
+    per_device_batch = batch_size // dp
+    tokens = per_device_batch * seq_len
+    n = shape.num_parameters
+
+    breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0)
+    breakdown["params"] = math.ceil(n * nbytes.param / shard)
+    breakdown["grads"] = math.ceil(n * nbytes.grad / shard)
+    breakdown["optimizer"] = math.ceil(optimizer_state_elements(shape, optimizer) * nbytes.state / shard)
+    if sizes["fsdp"] > 1:
+        # XLA hoists the all-gathers: the full weights (model-parallel shard) stay live through the step
+        breakdown["gathered_params"] = math.ceil(n * nbytes.compute / mp)
+    elif nbytes.compute < nbytes.param:
+        # autocast's bf16 copies of the fp32 weights, kept for the backward matmuls
+        breakdown["param_casts"] = math.ceil(n * nbytes.compute / shard)
+    if grad_accum > 1:
+        # the running sum persists while the next micro-batch's gradients are produced
+        breakdown["grad_accum_buffer"] = breakdown["grads"]
+
+    act = activation_elements_per_token(
+        shape, seq_len, gradient_checkpointing=gradient_checkpointing, model_parallel=mp
+    )
+    fp32_part = act["fp32_part"]
+    scores = act["scores"]
+    rest = act["all_layers"] - fp32_part - scores
+    # HF computes the softmax in fp32 and casts back: fp32 probs (for softmax's backward) plus
+    # the cast copy (for the value matmul) when compute is narrower than fp32
+    score_bytes = 4 + (nbytes.compute if nbytes.compute < 4 else 0)
+    breakdown["activations"] = math.ceil(
+        tokens * (rest * nbytes.compute + fp32_part * 4 + scores * score_bytes)
+    )
+    # logits and log-softmax in fp32 plus their gradients (vocab-parallel under a model axis)
+    breakdown["logits"] = math.ceil(tokens * 4 * shape.vocab * 4 / mp)
+    breakdown["inputs"] = tokens * 2 * 8  # input_ids and labels, int64
+
+    return MemoryEstimate(
+        total_bytes=int(sum(breakdown.values())),
+        breakdown=breakdown,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        per_device_batch=per_device_batch,
+        precision=precision,
+        optimizer=optimizer,
+        gradient_checkpointing=gradient_checkpointing,
+        mesh=sizes,
+        attention=shape.attention,
+        num_parameters=n,
+    )
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is not allowed: an int >= 1")
+
+
+def estimate_table(
+    model_config: Any,
+    batch_sizes: Iterable[int],
+    seq_lens: Iterable[int],
+    *,
+    memory_bytes: int | None = None,
+    headroom: float = 0.1,
+    **estimate_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """One row per (batch size, sequence length): total bytes, GiB, the largest parts, and whether it fits."""
+    rows = []
+    for seq_len in seq_lens:
+        for batch_size in batch_sizes:
+            est = estimate(model_config, batch_size=batch_size, seq_len=seq_len, **estimate_kwargs)
+            rows.append(
+                {
+                    "batch_size": batch_size,
+                    "seq_len": seq_len,
+                    "total_bytes": est.total_bytes,
+                    "total_gib": round(est.total_gib, 4),
+                    **{
+                        k: v
+                        for k, v in est.breakdown.items()
+                        if k in ("params", "grads", "optimizer", "activations", "logits")
+                    },
+                    "fits": est.fits(memory_bytes, headroom) if memory_bytes is not None else None,
+                }
+            )
+    return rows
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows of dicts as an aligned text table."""
+    if not rows:
+        return "(empty)"
+    columns = list(columns or rows[0].keys())
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    head = "  ".join(c.rjust(w) for c, w in zip(columns, widths))
+    return "\n".join(
+        [head, "  ".join("-" * w for w in widths)]
+        + ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+    )
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+# ---- the largest batch -----------------------------------------------------------------
+
+
+def max_batch_size(
+    model_config: Any,
+    *,
+    seq_len: int,
+    memory_bytes: int,
+    multiple_of: int = 1,
+    headroom: float = 0.1,
+    limit: int = 1 << 20,
+    **estimate_kwargs: Any,
+) -> int:
+    """The largest global batch (a multiple of `multiple_of`, e.g. the data-parallel size) whose
+    estimate fits in `memory_bytes` per device; 0 when not even `multiple_of` fits."""
+    _check_positive("multiple_of", multiple_of)
+    _check_positive("memory_bytes", memory_bytes)
+
+    def fits(k: int) -> bool:
+        est = estimate(model_config, batch_size=k * multiple_of, seq_len=seq_len, **estimate_kwargs)
+        return est.fits(memory_bytes, headroom)
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi * multiple_of <= limit and fits(hi):  # the estimate grows with the batch: double, then bisect
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit // multiple_of + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * multiple_of
+
+
+@dataclass
+class BatchPlan:
+    """What `find_batch_size` chose and why."""
+
+    batch_size: int
+    """Global micro-batch to run with (0: nothing fits)."""
+    estimate: MemoryEstimate | None
+    compiled_bytes: int | None
+    """The compiled program's per-device peak for `batch_size`, where the backend reported one."""
+    memory_bytes: int
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    """Every size considered: batch_size, estimate_bytes, compiled_bytes, fits, reason."""
+
+
+def find_batch_size(
+    model_config: Any,
+    *,
+    seq_len: int,
+    memory_bytes: int,
+    dp_size: int = 1,
+    candidates: Sequence[int] | None = None,
+    headroom: float = 0.1,
+    compiled_bytes: Callable[[int], int | None] | None = None,
+    **estimate_kwargs: Any,
+) -> BatchPlan:
+    """Choose the global micro-batch before running anything.
+
+    Candidates are multiples of `dp_size` (default: dp_size x 1, 2, 4, ... up to the estimate's
+    largest fit and one beyond). The largest candidate whose estimate fits is checked with
+    `compiled_bytes(batch)` when given (e.g. compile the step without running it and read the
+    compiler's memory analysis); if the compiler says it does not fit, the next smaller candidate
+    is tried. A `None` from the probe (backend reports nothing) keeps the estimate's verdict.
+    """
+    _check_positive("dp_size", dp_size)
+    if candidates is None:
+        best = max_batch_size(
+            model_config,
+            seq_len=seq_len,
+            memory_bytes=memory_bytes,
+            multiple_of=dp_size,
+            headroom=headroom,
+            **estimate_kwargs,
+        )
+        top = max(best, dp_size) * 2
+        candidates = []
+        k = dp_size
+        while k <= top:
+            candidates.append(k)
+            k *= 2
+        if best and best not in candidates:
+            candidates.append(best)
+    for c in candidates:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1 or c % dp_size:
+            raise ValueError(
+                f"candidate batch size {c!r} is not allowed: a positive multiple of dp_size={dp_size}"
+            )
+    budget = memory_bytes * (1 - headroom)
+    rows: list[dict[str, Any]] = []
+    ordered = sorted(set(candidates), reverse=True)
+    chosen, chosen_est, chosen_compiled = 0, None, None
+    for c in ordered:
+        est = estimate(model_config, batch_size=c, seq_len=seq_len, **estimate_kwargs)
+        row: dict[str, Any] = {"batch_size": c, "estimate_bytes": est.total_bytes, "compiled_bytes": None}
+        if chosen:
+            row.update(fits=est.fits(memory_bytes, headroom), reason="smaller than the chosen size")
+        elif not est.fits(memory_bytes, headroom):
+            row.update(fits=False, reason="estimate over budget")
+        else:
+            measured = compiled_bytes(c) if compiled_bytes is not None else None
+            row["compiled_bytes"] = measured
+            if measured is not None and measured > budget:
+                row.update(fits=False, reason="compiled program over budget")
+            else:
+                row.update(
+                    fits=True,
+                    reason="chosen" + (" (compiler agrees)" if measured is not None else " (estimate)"),
+                )
+                chosen, chosen_est, chosen_compiled = c, est, measured
+        rows.append(row)
+    rows.sort(key=lambda r: r["batch_size"])
+    return BatchPlan(
+        batch_size=chosen,
+        estimate=chosen_est,
+        compiled_bytes=chosen_compiled,
+        memory_bytes=memory_bytes,
+        candidates=rows,
+    )
+
+
+# ---- out-of-memory retry ----------------------------------------------------------------
+
+_OOM_MARKERS = (
+    "resource_exhausted",
+    "resource exhausted",
+    "out of memory",
+    "oom when allocating",
+    "attempting to reserve",
+    "attempting to allocate",
+    "ran out of memory",
+)
+
+
+def is_oom_error(exc: BaseException) -> bool:
+    """True for a device out-of-memory error: XLA's RESOURCE_EXHAUSTED, CUDA out of memory,
+    `torch.OutOfMemoryError` (also when it is the cause of another exception)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ in ("OutOfMemoryError", "ResourceExhaustedError"):
+            return True
+        text = str(current).lower()
+        if any(marker in text for marker in _OOM_MARKERS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@dataclass
+class RetryResult:
+    """The value `fn` returned and the micro-batch / accumulation it finally ran with."""
+
+    value: Any
+    micro_batch: int
+    grad_accum: int
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per try: micro_batch, grad_accum, error (None for the one that worked)."""
+
+    @property
+    def effective_batch(self) -> int:
+        return self.micro_batch * self.grad_accum
+
+
+def run_with_oom_retry(
+    fn: Callable[[int, int], Any],
+    *,
+    micro_batch: int,
+    grad_accum: int,
+    min_micro_batch: int = 1,
+    multiple_of: int = 1,
+    on_retry: Callable[[int, int, BaseException], None] | None = None,
+) -> RetryResult:
+    """Call ``fn(micro_batch, grad_accum)``; on an out-of-memory error halve the micro-batch and
+    double the accumulation (same effective batch) and call again, down to `min_micro_batch`.
+
+    The micro-batch stays a multiple of `multiple_of` (the data-parallel size). Errors that are
+    not out-of-memory, and an OOM at the smallest micro-batch, propagate unchanged.
+    """
+    _check_positive("micro_batch", micro_batch)
+    _check_positive("grad_accum", grad_accum)
+    _check_positive("min_micro_batch", min_micro_batch)
+    _check_positive("multiple_of", multiple_of)
+    if micro_batch % multiple_of:
+        raise ValueError(f"micro_batch={micro_batch} is not allowed: a multiple of multiple_of={multiple_of}")
+    attempts: list[dict[str, Any]] = []
+    while True:
+        try:
+            value = fn(micro_batch, grad_accum)
+        except Exception as exc:
+            if not is_oom_error(exc):
+                raise
+            attempts.append(
+                {
+                    "micro_batch": micro_batch,
+                    "grad_accum": grad_accum,
+                    "error": f"{type(exc).__name__}: {exc}"[:300],
+                }
+            )
+            half = micro_batch // 2
+            if micro_batch % 2 or half < min_micro_batch or half % multiple_of:
+                raise
+            if on_retry is not None:
+                on_retry(half, grad_accum * 2, exc)
+            micro_batch, grad_accum = half, grad_accum * 2
+            continue
+        attempts.append({"micro_batch": micro_batch, "grad_accum": grad_accum, "error": None})
+        return RetryResult(value=value, micro_batch=micro_batch, grad_accum=grad_accum, attempts=attempts)
+
+
+# ---- the compiler's figure ---------------------------------------------------------------
+
+
+def compiled_step_probe(
+    cfg: Any, *, seq_len: int, gradient_checkpointing: bool = False, optimizer: str = "adamw", seed: int = 0
+) -> Callable[[int], int | None]:
+    """A `compiled_bytes` probe for `find_batch_size`: for a batch size, trace one training step of
+    a fresh model of `cfg` (a workbench `ModelConfig`) and compile it without running it
+    (``runtime.compile_only``), then return the compiler's per-device peak for that program.
+
+    Returns None for every size when the compile memory log is off (the backend reports nothing).
+    The probe holds a second copy of the weights on the device while it compiles: for models
+    that fill the chip, pass a probe that traces the real model instead.
+    """
+
+    seen: dict[int, int | None] = {}  # a second compile of the same program hits the cache and logs nothing
+
+    def probe(batch_size: int) -> int | None:
+        if batch_size in seen:
+            return seen[batch_size]
+        import torch
+
+        from workbench import runtime
+        from workbench.models import build_model
+
+        if runtime.compile_memory_log_path() is None:
+            return None
+        before = len(runtime.compiled_memory_records())
+        dev = runtime.device()
+        model = build_model(cfg, seed=seed).to(dev)
+        model.tie_weights()
+        model.train()
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model._set_gradient_checkpointing(True, runtime.gradient_checkpoint_function())
+        params = [p for p in model.parameters() if p.requires_grad]
+        ids = torch.zeros((batch_size, seq_len), dtype=torch.long, device=dev)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        if optimizer == "adamw":
+            # the steady-state step: moments exist, as after the first real step
+            opt = torch.optim.AdamW(params, lr=1e-3)
+            for p in params:
+                opt.state[p] = {
+                    "step": torch.tensor(1.0),
+                    "exp_avg": torch.zeros_like(p),
+                    "exp_avg_sq": torch.zeros_like(p),
+                }
+            opt.step()
+            outputs = [
+                loss,
+                *params,
+                *(t for p in params for t in (opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])),
+            ]
+        else:
+            outputs = [loss, *params, *(p.grad for p in params)]
+        runtime.compile_only(outputs)
+        records = runtime.compiled_memory_records()[before:]
+        seen[batch_size] = max(r.peak_bytes for r in records) if records else None
+        return seen[batch_size]
+
+    return probe
+
+
+@dataclass(frozen=True)
+class CompiledStepMemory:
+    """The compiler's memory analysis of a real training step, next to the estimate."""
+
+    peak_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    programs: int
+    """Programs compiled for the measured steps (the steady-state step is the largest)."""
+
+
+def compiled_step_memory(
+    cfg: Any,
+    *,
+    batch_size: int,
+    seq_len: int,
+    gradient_checkpointing: bool = False,
+    fsdp: int = 1,
+    optimizer: str = "adamw",
+    precision: str = "fp32",
+    steps: int = 2,
+    seed: int = 0,
+) -> CompiledStepMemory:
+    """Build the model of `cfg` (a workbench `ModelConfig`), run `steps` real training steps on the
+    XLA device and return the compiler's analysis of the largest compiled step program.
+
+    Needs the compile memory log (`runtime.enable_compile_memory_log`) on before the first compile;
+    `fsdp` > 1 needs SPMD on (``runtime.use_spmd()`` before any XLA tensor) and shards every
+    parameter's first dimension and the batch over an ``("fsdp",)`` mesh of that many devices.
+    Precision is XLA:CPU's native fp32 unless `precision='bf16'` (weights cast to bf16).
+    """
+    import torch
+
+    from workbench import runtime
+    from workbench.models import build_model
+
+    if runtime.compile_memory_log_path() is None:
+        raise RuntimeError(
+            "compiled_step_memory needs runtime.enable_compile_memory_log(path) before the first compile"
+        )
+    before = len(runtime.compiled_memory_records())
+    dev = runtime.device()
+    model = build_model(cfg, seed=seed)
+    if precision == "bf16":
+        model = model.to(torch.bfloat16)
+    elif precision != "fp32":
+        raise ValueError(
+            f"precision={precision!r} is not allowed here: 'fp32' or 'bf16' (XLA:CPU has no autocast check)"
+        )
+    model = model.to(dev)
+    # moving to an XLA device unties tied weights (new Parameters per module): tie them again
+    model.tie_weights()
+    model.train()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model._set_gradient_checkpointing(True, runtime.gradient_checkpoint_function())
+    mesh = None
+    if fsdp > 1:
+        mesh = runtime.spmd_mesh(list(range(fsdp)), (fsdp,), ("fsdp",))
+        for p in model.parameters():
+            runtime.mark_sharding(p, mesh, ("fsdp",) + (None,) * (p.dim() - 1))
+    if optimizer == "adamw":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    elif optimizer == "adafactor":
+        opt = torch.optim.Adafactor(model.parameters(), lr=1e-3)
+    else:
+        raise ValueError(f"optimizer={optimizer!r} is not allowed: one of {', '.join(map(repr, OPTIMIZERS))}")
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len), generator=gen).to(dev)
+    if mesh is not None:
+        runtime.mark_sharding(ids, mesh, ("fsdp", None))
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        runtime.sync()
+    runtime.wait_device_ops()
+    records = runtime.compiled_memory_records()[before:]
+    if not records:
+        raise RuntimeError(
+            "no compiled program was logged: was the compile memory log enabled before the first compile?"
+        )
+    biggest = max(records, key=lambda r: r.peak_bytes)
+    return CompiledStepMemory(
+        peak_bytes=biggest.peak_bytes,
+        argument_bytes=biggest.argument_bytes,
+        output_bytes=biggest.output_bytes,
+        alias_bytes=biggest.alias_bytes,
+        temp_bytes=biggest.temp_bytes,
+        programs=len(records),
+    )

@@ -1,0 +1,557 @@
+"""How fast does it train, against the chip's peak, and why not faster?
+
+- `training_flops_per_token` / `mfu`: model FLOPs utilisation from `HardwareInfo`'s peak.
+- `StepProfiler`: called once per optimizer step; every `log_every` steps it returns one
+  metrics dict (the keys the trainer's callbacks and the dashboard read: `METRIC_KEYS`).
+  Between log intervals it touches only host-side counters (torch_xla's metrics, a clock),
+  never a device tensor, so it forces no device sync; at the log interval it reads the loss
+  once (one device->host transfer). It keeps the history (JSON/CSV export) and turns what it
+  saw into `Advice`: recompilation after warm-up, a device->host transfer every step, low
+  MFU, memory near the limit, steps waiting on input.
+- `trace`: a profiler trace of N steps after warm-up, in a directory TensorBoard reads
+  (torch_xla's profiler on TPU, `torch.profiler` on CPU and GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from workbench import runtime
+
+if TYPE_CHECKING:
+    from workbench.hardware import HardwareInfo
+
+METRIC_KEYS: tuple[str, ...] = (
+    "step",
+    "loss",
+    "lr",
+    "step_time_s",
+    "tokens_per_s",
+    "mfu",
+    "compiles",
+    "compile_time_s",
+    "total_compiles",
+    "recompiled",
+    "transfers",
+    "host_rss_bytes",
+    "device_memory_bytes",
+    "device_memory_limit_bytes",
+    "tokens_seen",
+    "elapsed_s",
+    "eval_loss",
+)
+"""The metrics dict's contract keys (None where unknown)."""
+
+EXTRA_KEYS: tuple[str, ...] = (
+    "steps_in_interval",
+    "interval_s",
+    "input_wait_s",
+    "input_wait_fraction",
+    "compiled_program_bytes",
+    "recompile_steps",
+)
+"""Keys the profiler adds beyond the contract."""
+
+
+# ---- FLOPs and MFU ----------------------------------------------------------------------
+
+
+def training_flops_per_token(model_config: Any, seq_len: int) -> float:
+    """Training FLOPs per token: ``6 N + 12 L H Q T``.
+
+    Source: PaLM (Chowdhery et al., 2022), appendix B, "Compute usage and MFU": a forward
+    and backward pass costs 6 FLOPs per matmul parameter per token (2 forward, 4 backward),
+    plus ``6 L H (2 Q T)`` = ``12 L H Q T`` for the attention score and value matmuls, with
+    L layers, H heads, Q the head dimension and T the sequence length. (Chinchilla, Hoffmann
+    et al. 2022, appendix F counts the same terms, plus the softmax and embeddings, in detail.)
+    The causal mask is not discounted, as in PaLM.
+
+    N counts the parameters that take part in matrix multiplies: every parameter except
+    lookup-only embeddings (learned position embeddings, and the input embedding when it is
+    not tied to the LM head; a tied one is the LM head's matmul). This is the convention of
+    nanoGPT's ``estimate_mfu`` for GPT-2 (N = parameters minus ``wpe``).
+
+    Recomputation from activation checkpointing is not counted (MFU counts model FLOPs only).
+    """
+    from workbench.memory import model_shape
+
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} is not allowed: an int >= 1")
+    shape = model_shape(model_config)
+    return 6.0 * shape.matmul_parameters + 12.0 * shape.layers * shape.heads * shape.head_dim * seq_len
+
+
+def mfu(
+    tokens_per_s: float | None,
+    flops_per_token: float | None,
+    hw: HardwareInfo | None,
+    *,
+    peak_flops: float | None = None,
+) -> float | None:
+    """Model FLOPs utilisation: achieved training FLOP/s over the peak of all devices of the run.
+
+    `peak_flops` (total over all devices) overrides the hardware's figure, e.g. on the CPU,
+    whose peak the chip table does not know. None when any input is unknown.
+    """
+    if tokens_per_s is None or flops_per_token is None:
+        return None
+    peak = peak_flops
+    if peak is None and hw is not None and hw.peak_bf16_flops_per_device:
+        peak = hw.peak_bf16_flops_per_device * hw.num_devices
+    if not peak:
+        return None
+    return tokens_per_s * flops_per_token / peak
+
+
+# ---- advice -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One finding from the profile, with what to do about it."""
+
+    kind: str
+    """recompilation | host_transfer | low_mfu | memory_near_limit | input_bound"""
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] {self.message}"
+
+
+# ---- the step profiler -------------------------------------------------------------------
+
+
+class StepProfiler:
+    """Per-step timing and counters; a metrics dict every `log_every` steps.
+
+    Call `step(tokens, loss=..., lr=...)` once per optimizer step, after the step was launched
+    (after ``runtime.sync()`` on XLA). Time between calls spent fetching the next batch can
+    be marked with ``with profiler.input_wait(): batch = next(it)`` (or passed as
+    ``step(..., input_wait_s=...)``) for the "waiting on input" advice.
+
+    `hw`: the hardware (peak FLOP/s, memory per device, whether XLA drives it); None for unknown.
+    `flops_per_token`: from `training_flops_per_token`, for MFU. `peak_flops`: total peak over
+    all devices, overriding `hw` (the CPU has none in the chip table). `memory_limit_bytes`:
+    per-device memory to compare usage against (default: what the device or `hw` reports).
+    `memory_estimate_bytes`: e.g. `memory.estimate(...).total_bytes`, used for the memory advice
+    where the device reports no usage (XLA:CPU) and no compiled-program figure is logged.
+    `warmup_steps`: compiles up to this step are expected; later ones are recompilations.
+    `sync_at_log`: at a log step with no loss to read, wait for the device so the interval's
+    time is the device's, not the host's.
+    """
+
+    low_mfu_threshold = 0.2
+    memory_near_fraction = 0.9
+    input_bound_fraction = 0.1
+
+    def __init__(
+        self,
+        hw: HardwareInfo | None = None,
+        *,
+        flops_per_token: float | None = None,
+        log_every: int = 10,
+        memory_limit_bytes: int | None = None,
+        peak_flops: float | None = None,
+        memory_estimate_bytes: int | None = None,
+        warmup_steps: int = 3,
+        sync_at_log: bool = True,
+    ) -> None:
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise ValueError(f"log_every={log_every!r} is not allowed: an int >= 1")
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"warmup_steps={warmup_steps!r} is not allowed: an int >= 0")
+        self.hw = hw
+        self.flops_per_token = flops_per_token
+        self.log_every = log_every
+        self.memory_limit_bytes = memory_limit_bytes
+        self.peak_flops = peak_flops
+        self.memory_estimate_bytes = memory_estimate_bytes
+        self.warmup_steps = warmup_steps
+        self.sync_at_log = sync_at_log
+        self.history: list[dict[str, Any]] = []
+        self._xla = hw.via_xla if hw is not None else runtime.xla_imported()
+        self._cuda = hw is not None and hw.backend == "cuda" and not hw.via_xla
+        self._device_memory_unavailable = not (self._xla or self._cuda) or (
+            hw is not None and hw.backend == "cpu"
+        )
+        self._step = 0
+        self._tokens_seen = 0
+        self._start = time.perf_counter()
+        self._recompile_steps: list[int] = []
+        self._open_interval(self._start, self._counters())
+
+    # ---- the clock and counters ----
+    def _counters(self) -> tuple[int, float, int]:
+        if not self._xla:
+            return 0, 0.0, 0
+        return runtime.compile_count(), runtime.compile_time_s(), runtime.transfer_count()
+
+    def _open_interval(self, now: float, counters: tuple[int, float, int]) -> None:
+        self._interval_start = now
+        self._interval_steps = 0
+        self._interval_tokens = 0
+        self._interval_wait = 0.0
+        self._interval_counters = counters
+        self._last_compiles = counters[0]
+        self._interval_recompiles: list[int] = []
+
+    def reset_clock(self) -> None:
+        """Start timing now (e.g. after warm-up compiles that should not count as step time)."""
+        self._open_interval(time.perf_counter(), self._counters())
+
+    @contextlib.contextmanager
+    def input_wait(self) -> Iterator[None]:
+        """Time spent in the block counts as waiting on input."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._interval_wait += time.perf_counter() - t0
+
+    # ---- one step ----
+    def step(
+        self,
+        tokens: int,
+        loss: Any = None,
+        lr: float | None = None,
+        *,
+        input_wait_s: float | None = None,
+        eval_loss: float | None = None,
+        log: bool | None = None,
+    ) -> dict[str, Any] | None:
+        """Record one optimizer step of `tokens` real tokens. Returns the metrics dict at a log
+        step (every `log_every` steps, or when `log=True`), else None.
+
+        `loss` may be a device tensor: it is read only at a log step. Nothing here reads a
+        device value between log steps.
+        """
+        self._step += 1
+        self._tokens_seen += int(tokens)
+        self._interval_steps += 1
+        self._interval_tokens += int(tokens)
+        if input_wait_s:
+            self._interval_wait += float(input_wait_s)
+        if self._xla:
+            # host-side counter: which step compiled (recompiles after warm-up are the advice)
+            compiles = runtime.compile_count()
+            if compiles > self._last_compiles and self._step > self.warmup_steps:
+                self._interval_recompiles.append(self._step)
+                self._recompile_steps.append(self._step)
+            self._last_compiles = compiles
+        if log is None:
+            log = self._step % self.log_every == 0
+        if not log:
+            return None
+        return self._log(loss, lr, eval_loss)
+
+    def _log(self, loss: Any, lr: float | None, eval_loss: float | None) -> dict[str, Any]:
+        # counters first: the profiler's own read of the loss is not the user's transfer
+        compiles, compile_time, transfers = self._counters()
+        loss_value = _to_float(loss)
+        if loss_value is None and self._xla and self.sync_at_log:
+            runtime.wait_device_ops()
+        now = time.perf_counter()
+        after_read = self._counters()
+        c0, t0, x0 = self._interval_counters
+        interval = max(now - self._interval_start, 1e-12)
+        steps = self._interval_steps
+        tokens_per_s = self._interval_tokens / interval
+        device_used, device_limit = self._device_memory()
+        metrics: dict[str, Any] = {
+            "step": self._step,
+            "loss": loss_value,
+            "lr": float(lr) if lr is not None else None,
+            "step_time_s": interval / max(steps, 1),
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu(tokens_per_s, self.flops_per_token, self.hw, peak_flops=self.peak_flops),
+            "compiles": compiles - c0,
+            "compile_time_s": compile_time - t0,
+            "total_compiles": compiles,
+            "recompiled": bool(self._interval_recompiles),
+            "transfers": transfers - x0,
+            "host_rss_bytes": _host_rss(),
+            "device_memory_bytes": device_used,
+            "device_memory_limit_bytes": device_limit,
+            "tokens_seen": self._tokens_seen,
+            "elapsed_s": now - self._start,
+            "eval_loss": float(eval_loss) if eval_loss is not None else None,
+            "steps_in_interval": steps,
+            "interval_s": interval,
+            "input_wait_s": self._interval_wait,
+            "input_wait_fraction": self._interval_wait / interval,
+            "compiled_program_bytes": self._compiled_program_bytes(),
+            "recompile_steps": list(self._interval_recompiles),
+        }
+        self.history.append(metrics)
+        self._open_interval(time.perf_counter(), after_read)
+        return metrics
+
+    def _device_memory(self) -> tuple[int | None, int | None]:
+        limit = self.memory_limit_bytes
+        if self._device_memory_unavailable:
+            return None, limit
+        if self._cuda:
+            import torch
+
+            used = int(torch.cuda.memory_allocated())
+            return used, limit or (self.hw.memory_per_device_bytes if self.hw else None)
+        info = runtime.memory_info()
+        if info is None:  # the backend cannot say (XLA:CPU): stop asking
+            self._device_memory_unavailable = True
+            return None, limit
+        return info["bytes_used"], limit or info["bytes_limit"] or None
+
+    def _compiled_program_bytes(self) -> int | None:
+        if not self._xla or runtime.compile_memory_log_path() is None:
+            return None
+        records = runtime.compiled_memory_records()
+        return max((r.peak_bytes for r in records), default=None)
+
+    # ---- advice ----
+    def advice(self) -> list[Advice]:
+        """What the history says to change, one `Advice` per kind found."""
+        found: list[Advice] = []
+        if self._recompile_steps:
+            found.append(
+                Advice(
+                    "recompilation",
+                    f"{len(self._recompile_steps)} step(s) compiled a new program after warm-up "
+                    f"(steps {_short(self._recompile_steps)}): the step's input shapes change. Bucket "
+                    "sequence lengths (bucketing.strategy, max_buckets) or pad to fixed lengths, and "
+                    "pre-compile the bucket shapes before training.",
+                    {"steps": list(self._recompile_steps)},
+                )
+            )
+        every_step = [
+            m for m in self.history if m["steps_in_interval"] and m["transfers"] >= m["steps_in_interval"]
+        ]
+        if every_step:
+            worst = max(every_step, key=lambda m: m["transfers"] / m["steps_in_interval"])
+            found.append(
+                Advice(
+                    "host_transfer",
+                    f"device->host transfers every step ({worst['transfers']} in {worst['steps_in_interval']} "
+                    f"steps up to step {worst['step']}): a .item(), print() or Python `if` on a tensor in the "
+                    "loop stalls it each step. Read values in a step closure (runtime.add_step_closure) or "
+                    "let the profiler read the loss at the log interval.",
+                    {"intervals": [m["step"] for m in every_step]},
+                )
+            )
+        steady = [
+            m
+            for m in self.history
+            if m["mfu"] is not None and m["step"] > self.warmup_steps and not m["compiles"]
+        ]
+        if steady:
+            mean_mfu = sum(m["mfu"] for m in steady) / len(steady)
+            if mean_mfu < self.low_mfu_threshold:
+                found.append(
+                    Advice(
+                        "low_mfu",
+                        f"MFU {100 * mean_mfu:.1f}% (below {100 * self.low_mfu_threshold:.0f}%): the chip is "
+                        "mostly idle. The batch is probably too small: raise the batch size (memory.max_batch_size "
+                        "says how far), use longer sequences or packing, and check the other advice.",
+                        {"mfu": mean_mfu, "intervals": len(steady)},
+                    )
+                )
+        near = self._memory_pressure()
+        if near is not None:
+            used, limit, source = near
+            found.append(
+                Advice(
+                    "memory_near_limit",
+                    f"memory at {100 * used / limit:.0f}% of {limit / 2**30:.2f} GiB per device ({source}): "
+                    "turn on gradient checkpointing, shard with FSDP (mesh.fsdp), or halve the micro-batch "
+                    "and double grad_accum.",
+                    {"used_bytes": used, "limit_bytes": limit, "source": source},
+                )
+            )
+        waiting = [m for m in self.history if m["input_wait_fraction"] >= self.input_bound_fraction]
+        if waiting:
+            worst = max(waiting, key=lambda m: m["input_wait_fraction"])
+            found.append(
+                Advice(
+                    "input_bound",
+                    f"steps wait on input: {100 * worst['input_wait_fraction']:.0f}% of the time up to step "
+                    f"{worst['step']} went to fetching batches. Use the device loader's prefetch "
+                    "(runtime.device_loader), DataLoader workers, and tokenize ahead of time.",
+                    {"fraction": worst["input_wait_fraction"], "intervals": [m["step"] for m in waiting]},
+                )
+            )
+        return found
+
+    def _memory_pressure(self) -> tuple[int, int, str] | None:
+        for m in reversed(self.history):
+            limit = m["device_memory_limit_bytes"] or self.memory_limit_bytes
+            if not limit and self.hw is not None:
+                limit = self.hw.memory_per_device_bytes
+            if not limit:
+                return None
+            for key, source in (
+                ("device_memory_bytes", "device"),
+                ("compiled_program_bytes", "compiled program"),
+            ):
+                if m.get(key):
+                    used = int(m[key])
+                    return (used, int(limit), source) if used >= self.memory_near_fraction * limit else None
+            if self.memory_estimate_bytes:
+                used = int(self.memory_estimate_bytes)
+                return (used, int(limit), "estimate") if used >= self.memory_near_fraction * limit else None
+            return None
+        return None
+
+    # ---- export ----
+    def to_json(self, path: str | Path) -> Path:
+        """History and advice as JSON."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "log_every": self.log_every,
+            "warmup_steps": self.warmup_steps,
+            "flops_per_token": self.flops_per_token,
+            "hardware": self.hw.to_dict() if self.hw is not None else None,
+            "history": self.history,
+            "advice": [asdict(a) for a in self.advice()],
+        }
+        path.write_text(json.dumps(payload, indent=2, default=str))
+        return path
+
+    def to_csv(self, path: str | Path) -> Path:
+        """One row per log interval; the contract keys first, then the extras."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        columns = list(METRIC_KEYS) + [k for k in EXTRA_KEYS]
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            for row in self.history:
+                writer.writerow({k: _csv_cell(row.get(k)) for k in columns})
+        return path
+
+
+def _to_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    if hasattr(value, "detach"):
+        value = value.detach()
+        if value.numel() != 1:
+            raise ValueError(f"loss must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        return float(value.item())
+    return float(value)
+
+
+def _host_rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return value
+
+
+def _short(steps: Sequence[int], limit: int = 8) -> str:
+    text = ", ".join(map(str, steps[:limit]))
+    return text + (f", ... ({len(steps)} in all)" if len(steps) > limit else "")
+
+
+# ---- traces -----------------------------------------------------------------------------
+
+
+def trace(
+    step_fn: Callable[[], Any],
+    steps: int,
+    logdir: str | Path,
+    warmup: int = 2,
+    *,
+    hw: HardwareInfo | None = None,
+    port: int = 9012,
+) -> Path:
+    """Run `step_fn` `warmup` times (compiles land there), then capture a trace of `steps` more
+    calls into `logdir`, readable by TensorBoard (the profile plugin).
+
+    TPU: torch_xla's profiler server and a detached capture of the measured steps' duration.
+    CPU and GPU (XLA:CPU included): `torch.profiler`, one ``*.pt.trace.json`` per capture.
+    `step_fn` runs one whole step (including ``runtime.sync()`` on XLA).
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} is not allowed: an int >= 1")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} is not allowed: an int >= 0")
+    logdir = Path(logdir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    xla = hw.via_xla if hw is not None else runtime.xla_imported()
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step_fn()
+    if xla:
+        runtime.wait_device_ops()
+    per_step = (time.perf_counter() - t0) / max(warmup, 1)
+    if hw is not None and hw.backend == "tpu":  # pragma: no cover - TPU only
+        return _trace_tpu(step_fn, steps, logdir, per_step, port)
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if hw is not None and hw.backend == "cuda" and not hw.via_xla:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with warnings.catch_warnings():
+        # the warm-up steps ran above, outside the profiler: its "no warmup" warning does not apply
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+        profile = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=0, warmup=0, active=steps, repeat=1),
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(logdir)),
+            record_shapes=False,
+        )
+    with profile as prof:
+        for i in range(steps):
+            with torch.profiler.record_function(f"train_step_{i}"):
+                step_fn()
+                if xla:
+                    runtime.wait_device_ops()
+            prof.step()
+    return logdir
+
+
+def _trace_tpu(
+    step_fn: Callable[[], Any], steps: int, logdir: Path, per_step: float, port: int
+) -> Path:  # pragma: no cover
+    """torch_xla's profiler: start the server once, capture in the background while the steps run."""
+    import threading
+
+    xp = runtime.profiler()
+    global _TPU_SERVER
+    if _TPU_SERVER is None:
+        _TPU_SERVER = xp.start_server(port)
+    duration_ms = max(1000, math.ceil(1000 * per_step * steps * 1.5) + 500)
+    capture = threading.Thread(
+        target=xp.trace,
+        args=(f"localhost:{port}", str(logdir)),
+        kwargs={"duration_ms": duration_ms},
+        daemon=True,
+    )
+    capture.start()
+    time.sleep(0.5)  # let the capture attach before the measured steps
+    for i in range(steps):
+        with xp.StepTrace("train_step", step_num=i):
+            step_fn()
+    runtime.wait_device_ops()
+    capture.join()
+    return logdir
+
+
+_TPU_SERVER: Any = None
