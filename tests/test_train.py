@@ -1,0 +1,391 @@
+"""The training loop on plain CPU (in process) and on 8 XLA:CPU devices with FSDP (subprocess)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from workbench.config import WorkbenchConfig
+from workbench.hardware import HardwareError
+from workbench.train import Trainer, select_hardware
+
+VOCAB = 128
+
+
+def tiny_cfg(**overrides) -> WorkbenchConfig:
+    base = {
+        "model.vocab_size": VOCAB,
+        "model.hidden_size": 32,
+        "model.intermediate_size": 64,
+        "model.num_heads": 4,
+        "model.num_kv_heads": 2,
+        "data.max_length": 32,
+        "bucketing.max_buckets": 2,
+        "bucketing.multiple_of": 8,
+        "train.device_type": "cpu",
+        "train.steps": 6,
+        "train.batch_size": 4,
+        "train.log_every": 1,
+        "train.warmup_steps": 2,
+        "train.progress_bar": False,
+    }
+    base.update(overrides)
+    return WorkbenchConfig().with_overrides(base)
+
+
+def token_dataset(n: int, seed: int = 0, lo: int = 6, hi: int = 32):
+    """Learnable token sequences (arithmetic progressions mod the vocabulary) of varying length."""
+    import datasets
+
+    gen = torch.Generator().manual_seed(seed)
+    rows = {"input_ids": [], "labels": [], "length": []}
+    for _ in range(n):
+        length = int(torch.randint(lo, hi + 1, (1,), generator=gen))
+        start, stride = (
+            int(torch.randint(1, VOCAB, (1,), generator=gen)),
+            int(torch.randint(1, 4, (1,), generator=gen)),
+        )
+        ids = [(start + i * stride) % (VOCAB - 1) + 1 for i in range(length)]
+        rows["input_ids"].append(ids)
+        rows["labels"].append(list(ids))
+        rows["length"].append(length)
+    return datasets.Dataset.from_dict(rows)
+
+
+def _pad(rows: list[list[int]], length: int) -> dict[str, torch.Tensor]:
+    ids = torch.zeros(len(rows), length, dtype=torch.long)
+    labels = torch.full((len(rows), length), -100, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
+    for i, row in enumerate(rows):
+        row = list(row)[:length]
+        ids[i, : len(row)] = torch.tensor(row)
+        labels[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _grads_of_one_step(cfg: WorkbenchConfig, batches: list[dict]) -> list[torch.Tensor]:
+    trainer = Trainer(cfg, train_dataset=token_dataset(16))
+    trainer._init_buffers()
+    captured: list[torch.Tensor] = []
+    real_step = trainer.optimizer.step
+
+    def capture(*args, **kwargs):
+        captured.extend(p.grad.detach().clone() for p in trainer.params)
+        return real_step(*args, **kwargs)
+
+    trainer.optimizer.step = capture
+    trainer.train_step(batches)
+    return captured
+
+
+def test_four_micro_batches_give_the_gradients_of_one_four_times_larger_batch():
+    data = token_dataset(8, seed=3)
+    rows = data["input_ids"]  # different real lengths: the token-mean normalisation matters
+    big = _pad(rows, 32)
+    small = [_pad(rows[i : i + 2], 32) for i in range(0, 8, 2)]
+    one = _grads_of_one_step(
+        tiny_cfg(**{"train.batch_size": 8, "train.grad_accum": 1, "train.max_grad_norm": None}), [big]
+    )
+    four = _grads_of_one_step(
+        tiny_cfg(**{"train.batch_size": 2, "train.grad_accum": 4, "train.max_grad_norm": None}), small
+    )
+    assert len(one) == len(four) > 0
+    for a, b in zip(one, four):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # the naive alternative (mean of per-micro-batch means) is measurably different here
+    counts = torch.tensor([float((s["labels"][:, 1:] != -100).sum()) for s in small])
+    assert counts.max() != counts.min()
+
+
+def test_loss_falls_and_metrics_reach_callbacks_every_log_interval():
+    seen: list[dict] = []
+    cfg = tiny_cfg(**{"train.steps": 8, "train.log_every": 4, "train.learning_rate": 1e-2})
+    result = Trainer(
+        cfg, train_dataset=token_dataset(64), eval_dataset=token_dataset(16, 9), callbacks=[seen.append]
+    ).fit()
+    assert [m["step"] for m in seen] == [4, 8] and result.history == seen
+    keys = {
+        "step",
+        "loss",
+        "lr",
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "compiles",
+        "compile_time_s",
+        "total_compiles",
+    }
+    keys |= {"recompiled", "transfers", "host_rss_bytes", "device_memory_bytes", "device_memory_limit_bytes"}
+    keys |= {"tokens_seen", "elapsed_s", "eval_loss"}
+    assert keys <= set(seen[0])
+    assert seen[-1]["loss"] < seen[0]["loss"]
+    assert seen[-1]["tokens_seen"] > seen[0]["tokens_seen"] > 0
+    assert result.tokens_per_s and result.tokens_per_s > 0
+
+
+def test_resume_from_checkpoint_matches_an_uninterrupted_run_bitwise(tmp_path):
+    common = {"train.steps": 8, "train.log_every": 1, "train.grad_accum": 2, "train.batch_size": 2}
+    data = token_dataset(24)  # 24 rows / (2 x 2 per step): the run crosses an epoch boundary
+
+    straight = Trainer(tiny_cfg(**common), train_dataset=data).fit()
+    losses = [m["loss"] for m in straight.history]
+
+    class Crash(RuntimeError):
+        pass
+
+    def crash_after_step_5(metrics: dict) -> None:
+        if metrics["step"] == 5:
+            raise Crash
+
+    cfg = tiny_cfg(**common, **{"train.checkpoint_dir": str(tmp_path), "train.checkpoint_every": 4})
+    with pytest.raises(Crash):
+        Trainer(cfg, train_dataset=data, callbacks=[crash_after_step_5]).fit()
+    resumed_trainer = Trainer(cfg, train_dataset=data)
+    resumed = resumed_trainer.fit()
+    assert any("resumed from" in n for n in resumed.notices)
+    assert [m["step"] for m in resumed.history] == [5, 6, 7, 8]
+    assert [m["loss"] for m in resumed.history] == losses[4:]  # bitwise
+    assert resumed.steps == 8 and resumed.checkpoint_path.endswith("step-00000008")
+
+
+def test_out_of_memory_retries_with_half_the_micro_batch_and_the_same_result():
+    data = token_dataset(32)
+    reference = Trainer(tiny_cfg(), train_dataset=data).fit()
+
+    trainer = Trainer(tiny_cfg(), train_dataset=data)
+    real_forward = trainer.model.forward
+
+    def forward(*args, **kwargs):
+        if kwargs["input_ids"].shape[0] > 2:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00G")
+        return real_forward(*args, **kwargs)
+
+    trainer.model.forward = forward
+    result = trainer.fit()
+    assert trainer.split == 2 and trainer.micro_steps == 2
+    assert any("out of memory" in n and "same effective batch 4" in n for n in result.notices)
+    for a, b in zip(reference.history, result.history):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+
+
+def test_dynamic_batch_grows_every_n_steps_up_to_the_cap():
+    cfg = tiny_cfg(
+        **{
+            "train.steps": 7,
+            "train.batch_size": 2,
+            "train.dynamic_batch_every": 2,
+            "train.dynamic_batch_factor": 2.0,
+            "train.dynamic_batch_max": 8,
+        }
+    )
+    result = Trainer(cfg, train_dataset=token_dataset(64)).fit()
+    sizes = [m["batch_size"] for m in result.history]
+    assert sizes == [2, 2, 4, 4, 8, 8, 8]
+    assert sum("dynamic batch" in n for n in result.notices) == 2
+
+
+def test_dynamic_batch_never_grows_past_the_memory_estimate():
+    import dataclasses
+
+    from workbench.hardware import detect
+    from workbench.memory import max_batch_size
+
+    cfg = tiny_cfg(**{"train.steps": 40, "train.batch_size": 2, "train.dynamic_batch_every": 2})
+    trainer = Trainer(cfg, train_dataset=token_dataset(16))
+    budget = 12 * 1024**2  # a pretend 12 MiB device
+    trainer.hw = dataclasses.replace(detect("cpu"), memory_per_device_bytes=budget)
+    ladder = trainer._plan_ladder()
+    cap = max_batch_size(
+        trainer.model.config, seq_len=32, memory_bytes=budget, optimizer="adamw", precision="fp32"
+    )
+    assert 2 <= cap < 2 * 2**19  # the estimate is what stops growth, not the number of steps
+    assert ladder[0] == 2 and ladder[-1] <= cap < ladder[-1] * 2
+    assert all(b == a * 2 for a, b in itertools.pairwise(ladder))
+
+
+def test_adafactor_bf16_mixed_and_gradient_checkpointing_train_on_cpu():
+    cfg = tiny_cfg(
+        **{
+            "train.optimizer": "adafactor",
+            "train.precision": "bf16-mixed",
+            "train.gradient_checkpointing": True,
+            "train.steps": 6,
+            "train.learning_rate": 1e-2,
+        }
+    )
+    trainer = Trainer(cfg, train_dataset=token_dataset(32))
+    result = trainer.fit()
+    losses = [m["loss"] for m in result.history]
+    assert all(loss == loss for loss in losses) and losses[-1] < losses[0]
+    assert trainer.model.is_gradient_checkpointing
+
+
+def test_auto_falls_back_and_says_why(monkeypatch):
+    from workbench import runtime, train
+
+    calls = []
+    real_detect = train.detect
+
+    def fake_detect(kind):
+        calls.append(kind)
+        if kind == "tpu":
+            raise HardwareError("TPU runtime failed to initialise: device busy")
+        return real_detect("cpu")
+
+    monkeypatch.setattr(runtime, "xla_installed", lambda: True)
+    monkeypatch.setattr(runtime, "tpu_present", lambda: True)
+    monkeypatch.setattr(runtime, "env_requests_xla", lambda: None)
+    monkeypatch.setattr(train, "_cuda_present", lambda: False)
+    monkeypatch.setattr(train, "detect", fake_detect)
+    notices: list[str] = []
+    with pytest.warns(RuntimeWarning, match="tpu is present but could not start"):
+        hw = select_hardware("auto", notices)
+    assert hw.backend == "cpu" and calls == ["tpu", "cpu"]
+    assert "device busy" in notices[0] and "falling back" in notices[0]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_bucketed_run_compiles_nothing_after_warmup_and_accumulates_exactly(xla, tmp_path):
+    out = xla(f"""
+        import torch
+        from tests.test_train import tiny_cfg, token_dataset, _pad, _grads_of_one_step
+        from workbench import runtime
+        from workbench.train import Trainer
+
+        mesh = {{"mesh.enabled": True, "mesh.data": 1, "mesh.fsdp": 8, "train.device_type": "xla"}}
+        cfg = tiny_cfg(**mesh, **{{
+            "train.batch_size": 8, "train.steps": 10, "train.log_every": 5, "train.eval_every": 5,
+            "train.checkpoint_dir": {str(tmp_path)!r}, "train.checkpoint_every": 5,
+        }})
+        trainer = Trainer(cfg, train_dataset=token_dataset(96), eval_dataset=token_dataset(16, 7))
+        result = trainer.fit()
+        shapes = sorted({{tuple(s) for s in trainer.sampler.batch_shapes()}}) if hasattr(trainer.sampler, "batch_shapes") else []
+        spec = runtime.sharding_spec(trainer.model.get_input_embeddings().weight)
+        eval_loss = trainer.evaluate()
+
+        # accumulation on XLA under FSDP: 4 x 8 rows vs 1 x 32 rows
+        data = token_dataset(32, seed=3)
+        rows = data["input_ids"]
+        big = _pad(rows, 32)
+        small = [_pad(rows[i : i + 8], 32) for i in range(0, 32, 8)]
+        dev = runtime.device()
+        from workbench.sharding import shard_batch
+        one = _grads_of_one_step(tiny_cfg(**mesh, **{{"train.batch_size": 32, "train.max_grad_norm": None}}),
+                                 [shard_batch(big, trainer.mesh)])
+        four = _grads_of_one_step(tiny_cfg(**mesh, **{{"train.batch_size": 8, "train.grad_accum": 4, "train.max_grad_norm": None}}),
+                                  [shard_batch(b, trainer.mesh) for b in small])
+        worst = max(float(((a.cpu() - b.cpu()).abs().max() / (a.cpu().abs().max() + 1e-12))) for a, b in zip(one, four))
+
+        # distillation in the same loop: the teacher (wider) is sharded over the mesh like the student
+        from workbench.models import build_model
+        teacher = build_model(tiny_cfg(**{{"model.hidden_size": 64, "model.intermediate_size": 128}}).model, seed=5)
+        distill_cfg = tiny_cfg(**mesh, **{{"train.batch_size": 8, "train.steps": 4, "train.log_every": 2,
+                                          "train.distill_hidden_weight": 0.1}})
+        student_run = Trainer(distill_cfg, train_dataset=token_dataset(64), teacher=teacher)
+        distilled = student_run.fit()
+        teacher_spec = runtime.sharding_spec(teacher.get_input_embeddings().weight)
+        emit({{
+            "compiles_after_warmup": result.compiles_after_warmup,
+            "warmup_compiles": result.warmup_compiles,
+            "shapes": shapes,
+            "losses": [m["loss"] for m in result.history],
+            "eval_losses": [m["eval_loss"] for m in result.history],
+            "transfers": [m["transfers"] for m in result.history],
+            "recompiled": [m["recompiled"] for m in result.history],
+            "spec": spec,
+            "checkpoint": result.checkpoint_path,
+            "eval_loss": eval_loss,
+            "worst_rel_grad_diff": worst,
+            "distill_losses": [m["loss"] for m in distilled.history],
+            "distill_compiles_after_warmup": distilled.compiles_after_warmup,
+            "teacher_spec": teacher_spec,
+            "teacher_frozen": (not teacher.training) and not any(p.requires_grad for p in teacher.parameters()),
+        }})
+    """)
+    assert out["compiles_after_warmup"] == 0, out  # evals at steps 5 and 10 included
+    assert all(e is not None and e > 0 for e in out["eval_losses"])
+    assert not any(out["recompiled"])
+    assert out["losses"][-1] < out["losses"][0]
+    assert all(t <= 4 for t in out["transfers"]), out["transfers"]  # only the logged values, at log steps
+    assert "devices=" in out["spec"]  # the parameters really are sharded
+    assert out["checkpoint"].endswith("step-00000010")
+    assert out["eval_loss"] > 0
+    assert out["worst_rel_grad_diff"] < 1e-4
+    assert all(x == x for x in out["distill_losses"]) and out["distill_compiles_after_warmup"] == 0
+    assert "devices=" in out["teacher_spec"] and out["teacher_frozen"]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_resume_from_sharded_checkpoint_matches_uninterrupted_run(xla, tmp_path):
+    out = xla(f"""
+        from tests.test_train import tiny_cfg, token_dataset
+        from workbench.train import Trainer
+
+        common = {{"mesh.enabled": True, "mesh.data": 1, "mesh.fsdp": 8, "train.device_type": "xla",
+                   "train.batch_size": 8, "train.steps": 6, "train.log_every": 1}}
+        data = token_dataset(48)
+        straight = [m["loss"] for m in Trainer(tiny_cfg(**common), train_dataset=data).fit().history]
+        # prewarm runs real steps on synthetic batches and restores the state: it must not change training
+        unwarmed = [m["loss"] for m in Trainer(tiny_cfg(**common, **{{"train.prewarm": False}}), train_dataset=data).fit().history]
+
+        class Crash(RuntimeError):
+            pass
+
+        def crash(metrics):
+            if metrics["step"] == 4:
+                raise Crash
+
+        cfg = tiny_cfg(**common, **{{"train.checkpoint_dir": {str(tmp_path)!r}, "train.checkpoint_every": 3}})
+        try:
+            Trainer(cfg, train_dataset=data, callbacks=[crash]).fit()
+        except Crash:
+            pass
+        resumed = Trainer(cfg, train_dataset=data).fit()
+        import os
+        files = sorted(os.listdir(resumed.checkpoint_path))
+        emit({{"straight": straight, "unwarmed": unwarmed, "resumed": [m["loss"] for m in resumed.history],
+               "steps": [m["step"] for m in resumed.history], "files": files,
+               "notices": resumed.notices, "compiles_after_warmup": resumed.compiles_after_warmup}})
+    """)
+    assert out["steps"] == [4, 5, 6]
+    assert any("resumed from" in n for n in out["notices"])
+    assert "model.dcp" in out["files"] and "optimizer.dcp" in out["files"]  # sharded through DCP
+    assert out["unwarmed"] == out["straight"]
+    assert out["resumed"] == pytest.approx(out["straight"][3:], rel=1e-6)
+    assert out["compiles_after_warmup"] == 0
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_variants_compile_nothing_after_warmup(xla):
+    out = xla(
+        """
+        from tests.test_train import tiny_cfg, token_dataset
+        from workbench.train import Trainer
+
+        variants = {
+            "adafactor + bf16-mixed": {"train.optimizer": "adafactor", "train.precision": "bf16-mixed"},
+            "bf16 + checkpointing + accumulation": {
+                "train.precision": "bf16", "train.gradient_checkpointing": True,
+                "train.grad_accum": 2, "train.batch_size": 2,
+            },
+        }
+        results = {}
+        for name, opts in variants.items():
+            cfg = tiny_cfg(**{"train.device_type": "xla", "train.steps": 4, "train.log_every": 2}, **opts)
+            r = Trainer(cfg, train_dataset=token_dataset(32)).fit()
+            results[name] = {"after": r.compiles_after_warmup, "losses": [m["loss"] for m in r.history],
+                             "transfers": [m["transfers"] for m in r.history]}
+        emit(results)
+        """,
+        devices=1,
+    )
+    for name, r in out.items():
+        assert r["after"] == 0, (name, r)
+        assert all(x == x for x in r["losses"]), (name, r)
+        assert all(t <= 2 for t in r["transfers"]), (name, r)

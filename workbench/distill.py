@@ -1,0 +1,190 @@
+"""Knowledge distillation: a student learns from a frozen teacher of another size, same tokenizer.
+
+Per real (non-padding) next-token position the loss is
+
+    α · T² · KL(softmax(teacher/T) ‖ softmax(student/T))  +  (1 − α) · CE(student, labels)
+      + β · ‖W·h_student − h_teacher‖² / d_teacher          (optional, β = `hidden_weight`)
+
+The T² keeps the soft-target gradients on the same scale as the hard-label ones when the
+temperature changes (Hinton et al., 2015). The hidden-state term compares the last hidden
+layers through a learned linear projection (student width → teacher width), which is
+trained with the student and saved in its checkpoints.
+
+`DistillationObjective` plugs into the training loop in place of the plain LM loss: it
+returns per-token *sums* plus the token count, so the loop normalises over all the real
+tokens of an optimizer step exactly as it does for ordinary training. The teacher is
+put in eval mode with ``requires_grad=False`` and kept out of the objective's registered
+submodules (its weights are never in the optimizer or the student's checkpoints); with a
+mesh it is sharded like the student.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class DistillSettings:
+    alpha: float = 0.5
+    """Weight of the KL (soft-target) term; 1 − alpha weighs the cross-entropy on labels."""
+    temperature: float = 2.0
+    """Softmax temperature for both teacher and student in the KL term."""
+    hidden_weight: float = 0.0
+    """Weight of the projected hidden-state MSE (0 disables it and the projection)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha={self.alpha!r} is not allowed: must be in [0, 1]")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature={self.temperature!r} is not allowed: must be > 0")
+        if self.hidden_weight < 0:
+            raise ValueError(f"hidden_weight={self.hidden_weight!r} is not allowed: must be >= 0")
+
+
+def shift_for_next_token(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits at positions 0..L-2 paired with labels 1..L-1 (what a causal LM predicts)."""
+    return logits[:, :-1, :], labels[:, 1:]
+
+
+def token_kl_sum(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Σ over masked positions of KL(softmax(t/T) ‖ softmax(s/T)), in fp32. Shapes [B, L, V] and [B, L]."""
+    t_log = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    s_log = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    per_token = (t_log.exp() * (t_log - s_log)).sum(dim=-1)
+    return (per_token * mask).sum()
+
+
+def token_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Σ of next-token cross-entropy over positions whose label is not -100, in fp32 (already shifted)."""
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+
+
+def distillation_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    alpha: float = 0.5,
+    temperature: float = 2.0,
+) -> torch.Tensor:
+    """α·T²·KL + (1−α)·CE, averaged over real next-token positions (unshifted [B, L, V] logits)."""
+    s, y = shift_for_next_token(student_logits, labels)
+    t, _ = shift_for_next_token(teacher_logits, labels)
+    mask = (y != IGNORE_INDEX).to(torch.float32)
+    tokens = mask.sum().clamp(min=1.0)
+    kl = token_kl_sum(s, t, mask, temperature)
+    ce = token_ce_sum(s, y)
+    return (alpha * temperature**2 * kl + (1.0 - alpha) * ce) / tokens
+
+
+def _model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
+
+
+def _hidden_size(model: Any) -> int:
+    config = model.config
+    return int(getattr(config, "hidden_size", None) or config.n_embd)
+
+
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """Eval mode (dropout off) and no gradients, for a teacher."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+class DistillationObjective(torch.nn.Module):
+    """The loop's loss for distillation: call with ``(student, batch)``, get sums and a token count.
+
+    Registered (trainable, checkpointed) submodules: only the hidden-state projection, when used.
+    """
+
+    def __init__(
+        self, teacher: torch.nn.Module, student: torch.nn.Module, settings: DistillSettings | None = None
+    ) -> None:
+        super().__init__()
+        self.settings = settings or DistillSettings()
+        t_vocab = teacher.get_output_embeddings().weight.shape[0]
+        s_vocab = student.get_output_embeddings().weight.shape[0]
+        if t_vocab != s_vocab:
+            raise ValueError(
+                f"teacher vocab_size={t_vocab} differs from student vocab_size={s_vocab}: "
+                "distillation needs teacher and student to share one tokenizer"
+            )
+        # A plain attribute, not a submodule: the teacher stays out of parameters(), state_dict() and .to().
+        object.__setattr__(self, "teacher", freeze(teacher))
+        self.projection: torch.nn.Linear | None = None
+        if self.settings.hidden_weight > 0:
+            self.projection = torch.nn.Linear(_hidden_size(student), _hidden_size(teacher), bias=False)
+
+    def train(self, mode: bool = True) -> DistillationObjective:
+        super().train(mode)
+        self.teacher.eval()  # the teacher never leaves eval mode
+        return self
+
+    def forward(self, student: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        settings = self.settings
+        want_hidden = self.projection is not None
+        inputs = _model_inputs(batch)
+        with torch.no_grad():
+            t_out = self.teacher(**inputs, output_hidden_states=want_hidden, use_cache=False)
+        s_out = student(**inputs, output_hidden_states=want_hidden, use_cache=False)
+        s, y = shift_for_next_token(s_out.logits, batch["labels"])
+        t, _ = shift_for_next_token(t_out.logits.detach(), batch["labels"])
+        mask = (y != IGNORE_INDEX).to(torch.float32)
+        kl = token_kl_sum(s, t, mask, settings.temperature)
+        ce = token_ce_sum(s, y)
+        total = settings.alpha * settings.temperature**2 * kl + (1.0 - settings.alpha) * ce
+        parts = {"kl_sum": kl.detach(), "ce_sum": ce.detach()}
+        if self.projection is not None:
+            s_hidden = s_out.hidden_states[-1][:, :-1]
+            t_hidden = t_out.hidden_states[-1][:, :-1].detach().float()
+            projected = self.projection(s_hidden.to(self.projection.weight.dtype)).float()
+            hidden = (((projected - t_hidden) ** 2).mean(dim=-1) * mask).sum()
+            total = total + settings.hidden_weight * hidden
+            parts["hidden_sum"] = hidden.detach()
+        return {"loss_sum": total, "tokens": mask.sum(), **parts}
+
+
+def shard_teacher(teacher: torch.nn.Module, mesh: Any) -> Any:
+    """Shard the teacher over `mesh` with the same rules as the student (issue 4's shard_model)."""
+    from workbench.sharding import shard_model
+
+    return shard_model(teacher, mesh)
+
+
+@torch.no_grad()
+def mean_token_kl(
+    student: torch.nn.Module,
+    teacher: torch.nn.Module,
+    batches: list[dict[str, torch.Tensor]],
+    temperature: float = 1.0,
+) -> float:
+    """Mean per-token KL(teacher ‖ student) over real next-token positions of `batches` (an eval metric).
+
+    Reads the result on the host once, at the end.
+    """
+    kl_total = torch.zeros(())
+    tokens_total = torch.zeros(())
+    for batch in batches:
+        inputs = _model_inputs(batch)
+        s, y = shift_for_next_token(student(**inputs, use_cache=False).logits, batch["labels"])
+        t, _ = shift_for_next_token(teacher(**inputs, use_cache=False).logits, batch["labels"])
+        mask = (y != IGNORE_INDEX).to(torch.float32)
+        kl_total = kl_total.to(s.device) + token_kl_sum(s, t, mask, temperature)
+        tokens_total = tokens_total.to(s.device) + mask.sum()
+    return float((kl_total / tokens_total.clamp(min=1.0)).cpu())

@@ -1,0 +1,205 @@
+"""Optimizers and the learning-rate schedule for the training loop, chosen to be XLA-friendly.
+
+- `build_optimizer`: AdamW (torch), `Adafactor` (below: transformers' algorithm with a fixed
+  external learning rate; its relative-step/parameter-scale modes compare a device tensor on
+  the host each step, a sync per parameter on XLA) or SGD with momentum. Biases and norm
+  weights get no weight decay.
+- `init_optimizer_state`: creates the optimizer's state tensors before the first step.
+  Lazily created state makes the first optimizer step a different XLA program from every
+  later one (zeros built inside the graph versus buffers passed in); creating it up front
+  means one program per batch shape, which is what prewarming compiles.
+- `warmup_cosine`: linear warm-up then cosine decay to ``min_lr_ratio`` of the peak, never
+  exactly 0 at a step that runs: torch_xla bakes the "special" scalars 0 and 1 into the
+  program as constants, so an lr of exactly 0 would compile a program of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from workbench.config import TrainConfig
+
+_NO_DECAY_MARKERS = ("bias", "norm", "ln_", "layernorm", "embed_positions")
+
+
+def parameter_groups(
+    model: torch.nn.Module, weight_decay: float, extra: Iterable[torch.nn.Parameter] = ()
+) -> list[dict]:
+    """Two groups: matrices with weight decay, biases/norm weights without (tied weights once)."""
+    decay, no_decay, seen = [], [], set()
+    named = list(model.named_parameters()) + [(f"extra.{i}", p) for i, p in enumerate(extra)]
+    for name, param in named:
+        if not param.requires_grad or id(param) in seen:
+            continue
+        seen.add(id(param))
+        lowered = name.lower()
+        if param.ndim < 2 or any(marker in lowered for marker in _NO_DECAY_MARKERS):
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(
+    model: torch.nn.Module, train: TrainConfig, extra_params: Iterable[torch.nn.Parameter] = ()
+) -> torch.optim.Optimizer:
+    """The optimizer `train.optimizer` names, over `model`'s trainable parameters (+ `extra_params`).
+
+    Build it after the model is on its device (and sharded): optimizers hold references to the
+    parameters they were given.
+    """
+    groups = parameter_groups(model, train.weight_decay, extra_params)
+    if train.optimizer == "adamw":
+        # foreach=False: torch's foreach kernels are not implemented for XLA and fall back anyway;
+        # fused/capturable would put the step counter on the device for no gain here.
+        return torch.optim.AdamW(groups, lr=train.learning_rate, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+    if train.optimizer == "adafactor":
+        return Adafactor(groups, lr=train.learning_rate)
+    if train.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=train.learning_rate, momentum=0.9, foreach=False)
+    raise ValueError(
+        f"train.optimizer={train.optimizer!r} is not allowed: expected 'adamw', 'adafactor' or 'sgd'"
+    )
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the per-parameter state with the values the optimizer's own first step would create.
+
+    Idempotent: parameters that already have state are left alone.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state:
+                continue
+            if isinstance(optimizer, torch.optim.AdamW):
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if group.get("amsgrad"):
+                    state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif isinstance(optimizer, Adafactor):
+                optimizer.init_state(p)
+            elif isinstance(optimizer, torch.optim.SGD) and group["momentum"] and not group["dampening"]:
+                # Zeros give the same first update as SGD's clone(grad) when dampening is 0.
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            # other optimizers keep their lazy initialisation (one extra program on XLA)
+
+
+class Adafactor(torch.optim.Optimizer):
+    """Adafactor (Shazeer & Stern, 2018) with an external learning rate, as transformers runs it with
+    ``relative_step=False, scale_parameter=False, warmup_init=False, beta1=None``.
+
+    Matrices keep factored second moments (a row and a column vector instead of a full matrix),
+    the update is RMS-clipped at `clip_threshold`, and there is no first moment: optimizer state
+    is a small fraction of AdamW's. Written here rather than imported because importing
+    `transformers.optimization` imports torch_xla (through transformers' trainer utilities), which
+    a plain-CPU process must not do. Everything stays on the device: no host reads per step.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        eps: tuple[float, float] = (1e-30, 1e-3),
+        clip_threshold: float = 1.0,
+        decay_rate: float = -0.8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        defaults = dict(
+            lr=lr, eps=eps, clip_threshold=clip_threshold, decay_rate=decay_rate, weight_decay=weight_decay
+        )
+        super().__init__(params, defaults)
+
+    def init_state(self, p: torch.Tensor) -> None:
+        state = self.state[p]
+        if state:
+            return
+        dtype = torch.float32
+        state["step"] = torch.tensor(0.0)  # on the host, like AdamW's: the schedule below is plain Python
+        if p.dim() >= 2:
+            state["exp_avg_sq_row"] = torch.zeros(p.shape[:-1], dtype=dtype, device=p.device)
+            state["exp_avg_sq_col"] = torch.zeros(p.shape[:-2] + p.shape[-1:], dtype=dtype, device=p.device)
+        else:
+            state["exp_avg_sq"] = torch.zeros(p.shape, dtype=dtype, device=p.device)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None
+        # The decay 1 - step^decay_rate is exactly 0 at step 1, a value torch_xla would bake into
+        # the program as a constant (a different program from every later step): it enters as a
+        # device tensor instead, one per (step, device).
+        decay_tensors: dict[tuple[float, float, str], torch.Tensor] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.float()
+                self.init_state(p)
+                state = self.state[p]
+                state["step"] += 1
+                step = float(state["step"])
+                key = (step, group["decay_rate"], str(p.device))
+                if key not in decay_tensors:
+                    # shape [1] on the host, then copied: torch_xla turns a 0-dim 0.0 into a constant
+                    decay_tensors[key] = (
+                        torch.tensor([1.0 - step ** group["decay_rate"]]).to(p.device).reshape(())
+                    )
+                beta2t = decay_tensors[key]
+                update = grad * grad + group["eps"][0]
+                if p.dim() >= 2:
+                    row, col = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
+                    row.mul_(beta2t).add_(update.mean(dim=-1) * (1.0 - beta2t))
+                    col.mul_(beta2t).add_(update.mean(dim=-2) * (1.0 - beta2t))
+                    r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt().unsqueeze(-1)
+                    c_factor = col.unsqueeze(-2).rsqrt()
+                    update = r_factor * c_factor * grad
+                else:
+                    sq = state["exp_avg_sq"]
+                    sq.mul_(beta2t).add_(update * (1.0 - beta2t))
+                    update = sq.rsqrt() * grad
+                rms = update.norm(2) / (update.numel() ** 0.5)
+                update = update / (rms / group["clip_threshold"]).clamp(min=1.0)
+                target = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
+                if group["weight_decay"]:
+                    target.mul_(1.0 - group["weight_decay"] * group["lr"])
+                target.add_(update, alpha=-group["lr"])
+                if target is not p:
+                    p.copy_(target)
+        return loss
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+
+
+def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the peak lr for optimizer step `step` (0-based).
+
+    Warm-up: (step+1)/warmup_steps, so the first step already moves (and lr is never 0).
+    Then cosine from 1 down to `min_lr_ratio` at `total_steps` (reached only after the last step).
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, train: TrainConfig, total_steps: int | None = None
+) -> Any:
+    """`LambdaLR` with `lr_multiplier`; its state_dict is plain numbers (checkpointable as JSON)."""
+    total = int(total_steps if total_steps is not None else train.steps)
+
+    def schedule(step: int) -> float:
+        return lr_multiplier(
+            step, warmup_steps=train.warmup_steps, total_steps=total, min_lr_ratio=train.min_lr_ratio
+        )
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
