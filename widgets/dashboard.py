@@ -1,0 +1,357 @@
+"""Live training dashboard: one plotly `FigureWidget` with six panels fed by trainer callbacks.
+
+A `Dashboard` is a callback: pass it to ``Trainer(..., callbacks=[dashboard])`` and it receives
+the metrics dict (see the contract in ``workbench/profiling.py``) once per log interval. It
+keeps the full history on the Python side and pushes it to the figure in throttled, batched
+updates (one ``fig.batch_update()`` per flush, at most one flush per ``min_interval_s``), so a
+fast loop does not flood the browser with comm messages.
+
+The six panels: tokens/s, MFU, step time, loss (train and eval), compiles per interval with a
+marker at every recompilation after warm-up, and device/host memory.
+
+Why one figure with subplots instead of six widgets: a single widget means one comm message
+per flush and one copy of plotly.js in a notebook's widget state; and it is displayed on its
+own, never inside a ``VBox`` (a ``FigureWidget`` nested in a box is saved with empty data).
+
+It works headless (papermill, plain scripts): without a frontend the widget just holds its
+state. `export_html` writes a self-contained report with plotly.js embedded (no CDN: TPU VMs
+and this build machine have no network).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as ipw
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from widgets.figures import sync_state
+
+GiB = 1024**3
+
+# (panel title, row, col) in a 3 x 2 grid.
+PANELS: dict[str, tuple[str, int, int]] = {
+    "tokens_per_s": ("Throughput (real tokens/s)", 1, 1),
+    "mfu": ("MFU (% of peak bf16)", 1, 2),
+    "step_time": ("Step time (s)", 2, 1),
+    "loss": ("Loss", 2, 2),
+    "compiles": ("XLA compiles per log interval", 3, 1),
+    "memory": ("Memory (GiB)", 3, 2),
+}
+
+# trace name -> (panel, how to read its y value from a metrics dict, trace kwargs)
+_Getter = Callable[[Mapping[str, Any]], Any]
+
+
+def _gib(key: str) -> _Getter:
+    def read(m: Mapping[str, Any]) -> float | None:
+        value = m.get(key)
+        return None if value is None else value / GiB
+
+    return read
+
+
+def _pct(m: Mapping[str, Any]) -> float | None:
+    value = m.get("mfu")
+    return None if value is None else 100.0 * value
+
+
+def _is_recompile(m: Mapping[str, Any]) -> bool:
+    # `recompiled` says the run has compiled since warm-up; the marker goes on the intervals
+    # that actually compiled something (the flag may stay set for the rest of the run).
+    return bool(m.get("recompiled")) and bool(m.get("compiles"))
+
+
+def _recompile_y(m: Mapping[str, Any]) -> float | None:
+    return m.get("compiles") if _is_recompile(m) else None
+
+
+_TRACES: dict[str, tuple[str, _Getter, dict[str, Any]]] = {
+    "tokens/s": ("tokens_per_s", lambda m: m.get("tokens_per_s"), {"line": {"color": "#1f77b4"}}),
+    "MFU %": ("mfu", _pct, {"line": {"color": "#9467bd"}}),
+    "step time": ("step_time", lambda m: m.get("step_time_s"), {"line": {"color": "#ff7f0e"}}),
+    "train loss": ("loss", lambda m: m.get("loss"), {"line": {"color": "#2ca02c"}}),
+    "eval loss": (
+        "loss",
+        lambda m: m.get("eval_loss"),
+        {"mode": "markers", "marker": {"symbol": "diamond", "size": 9, "color": "#d62728"}},
+    ),
+    "compiles": ("compiles", lambda m: m.get("compiles"), {"line": {"color": "#7f7f7f"}}),
+    "recompilation": (
+        "compiles",
+        _recompile_y,
+        {"mode": "markers", "marker": {"symbol": "x", "size": 12, "color": "#d62728"}},
+    ),
+    "device memory": ("memory", _gib("device_memory_bytes"), {"line": {"color": "#17becf"}}),
+    "device limit": (
+        "memory",
+        _gib("device_memory_limit_bytes"),
+        {"mode": "lines", "line": {"color": "#d62728", "dash": "dash"}},
+    ),
+    "host RSS": ("memory", _gib("host_rss_bytes"), {"line": {"color": "#bcbd22"}}),
+}
+
+
+class Dashboard:
+    """Training dashboard; call it with each metrics dict (it is a trainer callback).
+
+    Args:
+        min_interval_s: at most one figure update per this many seconds; points that arrive in
+            between are batched into the next update (`flush()` forces one).
+        total_steps: when a metrics dict reaches this step the dashboard flushes at once, so the
+            last interval of a run is always drawn.
+        max_points: most points drawn per trace (the history keeps everything; the plot strides).
+        title: figure title.
+    """
+
+    def __init__(
+        self,
+        *,
+        min_interval_s: float = 0.5,
+        total_steps: int | None = None,
+        max_points: int = 2000,
+        title: str = "XLA Workbench — training",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if min_interval_s < 0:
+            raise ValueError(f"min_interval_s={min_interval_s!r} is not allowed: must be >= 0")
+        if max_points < 2:
+            raise ValueError(f"max_points={max_points!r} is not allowed: must be >= 2")
+        self.min_interval_s = float(min_interval_s)
+        self.total_steps = total_steps
+        self.max_points = int(max_points)
+        self.title = title
+        self._clock = clock
+        self.history: list[dict[str, Any]] = []
+        self.flush_count = 0
+        self._last_flush: float | None = None
+        self._pending = False
+        self.figure = self._build_figure()
+        self.status = ipw.HTML(value=self._status_html(), layout=ipw.Layout(margin="0 0 4px 0"))
+
+    # ---- figure --------------------------------------------------------------------
+    def _build_figure(self) -> go.FigureWidget:
+        titles = [""] * 6
+        for title, row, col in PANELS.values():
+            titles[(row - 1) * 2 + (col - 1)] = title
+        base = make_subplots(
+            rows=3, cols=2, subplot_titles=titles, vertical_spacing=0.1, horizontal_spacing=0.08
+        )
+        for name, (panel, _, style) in _TRACES.items():
+            _, row, col = PANELS[panel]
+            kwargs = {"mode": "lines+markers", "marker": {"size": 5}, **style}
+            base.add_trace(go.Scatter(x=[], y=[], name=name, **kwargs), row=row, col=col)
+        base.update_layout(
+            title={"text": self.title, "x": 0.01},
+            height=780,
+            margin={"l": 55, "r": 20, "t": 70, "b": 40},
+            legend={"orientation": "h", "y": -0.06},
+            template="plotly_white",
+        )
+        for row in (1, 2, 3):
+            for col in (1, 2):
+                base.update_xaxes(title_text="step" if row == 3 else None, row=row, col=col)
+        # Throughput, time, compiles and memory read best against zero (a 5% wobble is not a cliff).
+        for panel in ("tokens_per_s", "step_time", "compiles", "memory"):
+            _, row, col = PANELS[panel]
+            base.update_yaxes(rangemode="tozero", row=row, col=col)
+        return go.FigureWidget(base)
+
+    @property
+    def figures(self) -> dict[str, go.FigureWidget]:
+        """The widgets this dashboard displays, by name (one figure holding all panels)."""
+        return {"training": self.figure}
+
+    def trace(self, name: str) -> Any:
+        """The figure's trace called `name` (e.g. 'tokens/s', 'recompilation')."""
+        for trace in self.figure.data:
+            if trace.name == name:
+                return trace
+        raise KeyError(f"no trace named {name!r}; traces: {', '.join(_TRACES)}")
+
+    # ---- callback ------------------------------------------------------------------
+    def __call__(self, metrics: Mapping[str, Any]) -> None:
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"Dashboard expects a metrics dict, got {type(metrics).__name__}")
+        row = dict(metrics)
+        if row.get("step") is None:
+            row["step"] = self.history[-1]["step"] + 1 if self.history else 0
+        self.history.append(row)
+        self._pending = True
+        now = self._clock()
+        due = self._last_flush is None or now - self._last_flush >= self.min_interval_s
+        final = self.total_steps is not None and row["step"] >= self.total_steps
+        if due or final:
+            self.flush()
+
+    def flush(self) -> None:
+        """Push every point received so far to the figure in one batched update."""
+        if not self._pending and self.flush_count:
+            return
+        rows = self.history
+        stride = max(1, math.ceil(len(rows) / self.max_points))
+        shown = rows[::stride]
+        if rows and shown[-1] is not rows[-1]:
+            shown.append(rows[-1])  # always draw the latest point
+        with self.figure.batch_update():
+            for trace in self.figure.data:
+                _, read, _ = _TRACES[trace.name]
+                # A recompilation is rare and must never be strided away: read it from every row.
+                source = rows if trace.name in ("recompilation", "eval loss") else shown
+                xs, ys = [], []
+                for m in source:
+                    y = read(m)
+                    if y is None or (isinstance(y, float) and not math.isfinite(y)):
+                        continue
+                    xs.append(m["step"])
+                    ys.append(y)
+                if trace.name == "compiles" and self._warmup_compiles(rows):
+                    # Programs compiled before the first interval (prewarm) are drawn at step 0.
+                    xs, ys = [0, *xs], [self._warmup_compiles(rows), *ys]
+                trace.x, trace.y = xs, ys
+            self._annotate_unknown_mfu(rows)
+        sync_state(self.figure)  # so a page that attaches later (Voilà, a reload) draws the points too
+        self.status.value = self._status_html()
+        self._pending = False
+        self._last_flush = self._clock()
+        self.flush_count += 1
+
+    @staticmethod
+    def _warmup_compiles(rows: list[dict[str, Any]]) -> int:
+        if not rows:
+            return 0
+        total, first = rows[0].get("total_compiles"), rows[0].get("compiles")
+        return max(0, int(total) - int(first or 0)) if total is not None else 0
+
+    def _annotate_unknown_mfu(self, rows: list[dict[str, Any]]) -> None:
+        # On a CPU the peak FLOP/s is unknown, so MFU is None: say so instead of an empty panel.
+        unknown = bool(rows) and all(m.get("mfu") is None for m in rows)
+        text = "MFU unknown on this hardware (no published peak FLOP/s)"
+        kept = [a for a in self.figure.layout.annotations if a.text != text]
+        if unknown:
+            kept.append(
+                go.layout.Annotation(
+                    text=text, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, showarrow=False
+                )
+            )
+        if len(kept) != len(self.figure.layout.annotations):
+            self.figure.layout.annotations = kept
+
+    # ---- summaries -----------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers of the run so far."""
+        rows = self.history
+        if not rows:
+            return {"intervals": 0}
+        last = rows[-1]
+        tps = [m["tokens_per_s"] for m in rows if m.get("tokens_per_s") is not None]
+        rss = [m["host_rss_bytes"] for m in rows if m.get("host_rss_bytes") is not None]
+        dev = [m["device_memory_bytes"] for m in rows if m.get("device_memory_bytes") is not None]
+        losses = [m["loss"] for m in rows if m.get("loss") is not None]
+        return {
+            "intervals": len(rows),
+            "last_step": last["step"],
+            "final_loss": losses[-1] if losses else None,
+            "last_tokens_per_s": tps[-1] if tps else None,
+            "best_tokens_per_s": max(tps) if tps else None,
+            "mfu": last.get("mfu"),
+            "warmup_compiles": self._warmup_compiles(rows),
+            "total_compiles": last.get("total_compiles"),
+            "recompilations": sum(1 for m in rows if _is_recompile(m)),
+            "tokens_seen": last.get("tokens_seen"),
+            "elapsed_s": last.get("elapsed_s"),
+            "peak_host_rss_gib": max(rss) / GiB if rss else None,
+            "peak_device_memory_gib": max(dev) / GiB if dev else None,
+        }
+
+    def _status_html(self) -> str:
+        s = self.summary()
+        if not s["intervals"]:
+            return "<b>waiting for the first log interval…</b>"
+        parts = [f"step <b>{s['last_step']}</b>"]
+        if s["final_loss"] is not None:
+            parts.append(f"loss <b>{s['final_loss']:.4f}</b>")
+        if s["last_tokens_per_s"] is not None:
+            parts.append(f"<b>{s['last_tokens_per_s']:,.0f}</b> tokens/s")
+        if s["mfu"] is not None:
+            parts.append(f"MFU <b>{100 * s['mfu']:.1f}%</b>")
+        if s["total_compiles"] is not None:
+            parts.append(f"compiles <b>{s['total_compiles']}</b>")
+        recompile_color = "#d62728" if s["recompilations"] else "inherit"
+        parts.append(
+            f"<span style='color:{recompile_color}'>recompilations <b>{s['recompilations']}</b></span>"
+        )
+        return " · ".join(parts)
+
+    # ---- display & export ----------------------------------------------------------
+    def _ipython_display_(self) -> None:
+        self.display()
+
+    def display(self) -> None:
+        """Show the status line and the figure (each on its own, never nested in a box)."""
+        from IPython.display import display
+
+        self.flush()
+        display(self.status)
+        display(self.figure)
+
+    def to_figure(self) -> go.Figure:
+        """A static copy of the current figure (every received point drawn)."""
+        self.flush()
+        return go.Figure(self.figure)
+
+    def export_html(self, path: str | Path, *, title: str | None = None, appendix: str | None = None) -> Path:
+        """Write a self-contained HTML report (plotly.js embedded, no network needed to view it).
+
+        `appendix` is preformatted text shown under the figure (e.g. the run's config YAML).
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure_html = pio.to_html(
+            self.to_figure(),
+            include_plotlyjs=True,  # embedded bundle: never "cdn"
+            full_html=False,
+            config={"displaylogo": False, "responsive": True},
+            div_id="workbench-dashboard",
+        )
+        heading = html.escape(title or self.title)
+        cards = "".join(
+            f"<div class='card'><div class='k'>{html.escape(k.replace('_', ' '))}</div>"
+            f"<div class='v'>{html.escape(_fmt(v))}</div></div>"
+            for k, v in self.summary().items()
+        )
+        extra = f"<h2>Config</h2><pre>{html.escape(appendix)}</pre>" if appendix else ""
+        page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{heading}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 16px 24px; color: #222; }}
+.cards {{ display: flex; flex-wrap: wrap; gap: 8px; margin-bottom: 8px; }}
+.card {{ border: 1px solid #ddd; border-radius: 6px; padding: 4px 10px; min-width: 110px; }}
+.k {{ color: #666; font-size: 12px; }} .v {{ font-size: 16px; font-weight: 600; }}
+pre {{ background: #f6f6f6; padding: 8px; font-size: 12px; }}
+</style></head>
+<body><h1 style="font-size:20px">{heading}</h1>
+<div class='cards'>{cards}</div>
+{figure_html}
+{extra}
+</body></html>
+"""
+        path.write_text(page, encoding="utf-8")
+        return path
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
