@@ -758,7 +758,7 @@ def compiled_step_probe(
         import torch
 
         from workbench import runtime
-        from workbench.models import build_model
+        from workbench.models import build_model, enable_gradient_checkpointing
 
         if runtime.compile_memory_log_path() is None:
             return None
@@ -768,8 +768,7 @@ def compiled_step_probe(
         model.tie_weights()
         model.train()
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-            model._set_gradient_checkpointing(True, runtime.gradient_checkpoint_function())
+            enable_gradient_checkpointing(model, xla=True)
         params = [p for p in model.parameters() if p.requires_grad]
         ids = torch.zeros((batch_size, seq_len), dtype=torch.long, device=dev)
         loss = model(input_ids=ids, labels=ids).loss
@@ -835,7 +834,7 @@ def compiled_step_memory(
     import torch
 
     from workbench import runtime
-    from workbench.models import build_model
+    from workbench.models import build_model, enable_gradient_checkpointing
 
     if runtime.compile_memory_log_path() is None:
         raise RuntimeError(
@@ -855,8 +854,7 @@ def compiled_step_memory(
     model.tie_weights()
     model.train()
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model._set_gradient_checkpointing(True, runtime.gradient_checkpoint_function())
+        enable_gradient_checkpointing(model, xla=True)
     mesh = None
     if fsdp > 1:
         mesh = runtime.spmd_mesh(list(range(fsdp)), (fsdp,), ("fsdp",))

@@ -79,6 +79,25 @@ def build_model(
         return tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
 
 
+def enable_gradient_checkpointing(model: Any, *, xla: bool) -> None:
+    """Recompute each decoder layer's activations in the backward pass (a `transformers` model).
+
+    On XLA, torch's own checkpoint is undone by the compiler (its CSE merges the recomputation
+    back into the forward), so torch_xla's checkpoint, which puts an optimization barrier
+    around the recomputation, replaces it; that one only has the reentrant mode.
+    """
+    if not hasattr(model, "gradient_checkpointing_enable"):
+        raise ValueError("gradient checkpointing needs a transformers model (gradient_checkpointing_enable)")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if xla:
+        import functools
+
+        from workbench import runtime
+
+        fn = functools.partial(runtime.gradient_checkpoint_function(), use_reentrant=True)
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=fn)
+
+
 def count_parameters(model: torch.nn.Module) -> int:
     """Unique parameters (tied weights counted once)."""
     seen: set[int] = set()

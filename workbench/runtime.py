@@ -517,14 +517,6 @@ def spmd_load_planner() -> Any:
     return SPMDLoadPlanner()
 
 
-def activation_checkpoint_fn() -> Callable[..., Any]:
-    """torch_xla's activation checkpoint: like torch's, plus an optimization barrier so XLA's
-    common-subexpression elimination cannot merge the recomputation back into the forward."""
-    from torch_xla.utils.checkpoint import checkpoint
-
-    return checkpoint
-
-
 def copy_sharding(src: Any, dst: Any) -> bool:
     """Annotate `dst` with `src`'s SPMD sharding (same shape); False when `src` has none.
 

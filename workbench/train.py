@@ -73,6 +73,7 @@ from workbench.distill import (
     token_ce_sum,
 )
 from workbench.hardware import HardwareError, HardwareInfo, detect
+from workbench.models import build_model, enable_gradient_checkpointing
 from workbench.optim import build_optimizer, init_optimizer_state, optimizer_state_tensors, warmup_cosine
 
 Callback = Callable[[dict], None]
@@ -288,8 +289,6 @@ class Trainer:
 
         train = cfg.train
         if model is None:
-            from workbench.models import build_model
-
             vocab = len(self.tokenizer) if self.tokenizer is not None else None
             model = build_model(cfg.model, vocab_size=vocab, seed=train.seed)
         self.model = model
@@ -298,7 +297,7 @@ class Trainer:
         if getattr(self.model, "config", None) is not None:
             self.model.config.use_cache = False
         if train.gradient_checkpointing:
-            self._enable_gradient_checkpointing()
+            enable_gradient_checkpointing(self.model, xla=self._xla)
         self.sharding_report = self._place(self.model)
 
         self.teacher = teacher
@@ -344,23 +343,6 @@ class Trainer:
         self._batch_ladder: list[int] = [train.batch_size]
 
     # ---- setup helpers ----
-    def _enable_gradient_checkpointing(self) -> None:
-        model = self.model
-        if not hasattr(model, "gradient_checkpointing_enable"):
-            raise ValueError(
-                "train.gradient_checkpointing=True needs a transformers model (gradient_checkpointing_enable)"
-            )
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self._xla:
-            # torch's checkpoint recomputation is merged back into the forward by XLA's CSE;
-            # torch_xla's version puts an optimization barrier in between.
-            import functools
-
-            fn = functools.partial(
-                runtime.activation_checkpoint_fn(), use_reentrant=True
-            )  # the only mode it has
-            model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=fn)
-
     def _place(self, module: torch.nn.Module) -> Any:
         if self.mesh is not None:
             from workbench.sharding import shard_model
