@@ -831,7 +831,12 @@ class Trainer:
                 self.tokens_seen += tokens
                 self._sync()
                 if timed_start is None:
-                    timed_start = time.perf_counter()  # the first step's time includes filling the pipeline
+                    # The clock starts once the first step has finished (it fills the input pipeline).
+                    # XLA runs a step asynchronously after its sync, so wait for it, once per run:
+                    # otherwise its tail would be billed to the timed steps.
+                    if self._xla:
+                        runtime.wait_device_ops()
+                    timed_start = time.perf_counter()
                 else:
                     timed_tokens += tokens
                 eval_loss = None
