@@ -181,7 +181,11 @@ def test_shard_for_host_covers_every_example_once():
     for index in range(4):
         seen.extend(data.shard_for_host(ds, 4, index)["i"])
     assert sorted(seen) == list(range(23))
+    assert [data.host_shard_bounds(23, 4, i) for i in range(4)] == [(0, 6), (6, 12), (12, 18), (18, 23)]
+    assert data.shard_for_host(list(range(23)), 4, 3) == list(range(18, 23))
     assert data.shard_for_host(ds, 1, 0) is ds
+    with pytest.raises(ValueError, match="3 examples cannot give each of 4 hosts at least one"):
+        data.shard_for_host([1, 2, 3], 4, 3)
     with pytest.raises(ValueError, match="process_index=4"):
         data.shard_for_host(ds, 4, 4)
     with pytest.raises(ValueError, match="num_processes=0"):

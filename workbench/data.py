@@ -427,15 +427,39 @@ def tokenize_records(dataset: Any, tokenizer: Any, data_cfg: Any) -> Any:
 # ---- hosts and the one-call builder ------------------------------------------------------------
 
 
-def shard_for_host(dataset: Any, num_processes: int, process_index: int) -> Any:
-    """Host `process_index`'s contiguous share; the shares cover every example exactly once."""
+def host_shard_bounds(
+    length: int, num_processes: int, process_index: int, *, equal_shares: bool = False
+) -> tuple[int, int]:
+    """[start, stop) of host `process_index`'s contiguous share of `length` examples.
+
+    By default the shares cover every example exactly once (the first ``length % num_processes``
+    hosts get one more). ``equal_shares=True`` gives every host ``length // num_processes`` and
+    leaves the remainder out, for loops that run an epoch to its end: a host with one more batch
+    would run one more step and wait for the others at the next collective.
+    """
     if num_processes < 1:
         raise ValueError(f"num_processes={num_processes} is not allowed: must be >= 1")
     if not 0 <= process_index < num_processes:
         raise ValueError(f"process_index={process_index} is not allowed: must be in [0, {num_processes})")
-    if num_processes == 1:
+    share, extra = divmod(length, num_processes)
+    if share == 0 and (equal_shares or process_index >= extra):
+        raise ValueError(f"{length} examples cannot give each of {num_processes} hosts at least one")
+    if equal_shares:
+        return process_index * share, (process_index + 1) * share
+    start = process_index * share + min(process_index, extra)
+    return start, start + share + (process_index < extra)
+
+
+def shard_for_host(
+    dataset: Any, num_processes: int, process_index: int, *, equal_shares: bool = False
+) -> Any:
+    """Host `process_index`'s contiguous share of a `datasets.Dataset` or a sequence (see `host_shard_bounds`)."""
+    start, stop = host_shard_bounds(len(dataset), num_processes, process_index, equal_shares=equal_shares)
+    if start == 0 and stop == len(dataset):
         return dataset
-    return dataset.shard(num_shards=num_processes, index=process_index, contiguous=True)
+    if hasattr(dataset, "select"):  # datasets.Dataset
+        return dataset.select(range(start, stop))
+    return dataset[start:stop]
 
 
 def _host_share() -> tuple[int, int]:
@@ -544,6 +568,7 @@ __all__ = [
     "embedded_corpus",
     "generate_chat_sample",
     "get_tokenizer",
+    "host_shard_bounds",
     "load_records",
     "shard_for_host",
     "tokenize_records",

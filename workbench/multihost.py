@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from workbench import runtime
+from workbench import data, runtime
 
 if TYPE_CHECKING:
     from workbench.config import WorkbenchConfig
@@ -122,35 +122,23 @@ def host_shard_bounds(length: int, num_processes: int, index: int) -> tuple[int,
     Equal shares matter: a host with one extra batch would run one extra step and wait forever
     for the others at the next collective. The remainder (< num_processes examples) is dropped.
     """
-    if num_processes < 1:
-        raise MultiHostError(f"num_processes={num_processes} is not allowed: must be >= 1")
-    if not 0 <= index < num_processes:
-        raise MultiHostError(f"process_index={index} is not allowed: must be in [0, {num_processes})")
-    share = length // num_processes
-    if share == 0:
-        raise MultiHostError(f"{length} examples cannot give each of {num_processes} hosts at least one")
-    return index * share, (index + 1) * share
+    try:
+        return data.host_shard_bounds(length, num_processes, index, equal_shares=True)
+    except ValueError as err:
+        raise MultiHostError(str(err)) from None
 
 
 def shard_for_host(dataset: Any, num_processes: int | None = None, index: int | None = None) -> Any:
     """This host's equal, contiguous share of `dataset` (a `datasets.Dataset` or a sequence).
 
-    Uses `workbench.data.shard_for_host` when that exists, then trims to the equal share.
+    The process count and index default to this run's (`process_count`, `process_index`).
     """
     n = process_count() if num_processes is None else int(num_processes)
     i = process_index() if index is None else int(index)
-    start, stop = host_shard_bounds(len(dataset), n, i)
-    if hasattr(dataset, "select"):  # datasets.Dataset
-        try:
-            from workbench import data as data_module
-        except ImportError:
-            data_module = None
-        shard_fn = getattr(data_module, "shard_for_host", None)
-        if shard_fn is not None:
-            shard = shard_fn(dataset, n, i)
-            return shard.select(range(min(len(shard), stop - start)))
-        return dataset.select(range(start, stop))
-    return dataset[start:stop]
+    try:
+        return data.shard_for_host(dataset, n, i, equal_shares=True)
+    except ValueError as err:
+        raise MultiHostError(str(err)) from None
 
 
 # ---- launching on every worker of a pod ----------------------------------------------
