@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,18 +23,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from workbench.demo import CHROMIUM_FLAGS, find_chromium
+
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "tests" / "artifacts"
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+CHROMIUM = find_chromium()
 
 pytestmark = [
     pytest.mark.browser,
@@ -145,7 +137,7 @@ def test_voila_page_updates_estimate_and_draws_dashboard(tmp_path):
     try:
         _wait_listening(port, server, log)
         with playwright.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_FLAGS), headless=True)
             try:
                 page = browser.new_page(viewport={"width": 1280, "height": 1000})
                 errors: list[str] = []

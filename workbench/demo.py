@@ -24,8 +24,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = REPO / "notebooks" / "00_quickstart.ipynb"
+# What Debian's Chromium needs to run headless here: no sandbox as root, no GPU, and nothing
+# that reaches for the network (there is none).
 CHROMIUM_FLAGS = (
-    "--headless",
     "--no-sandbox",
     "--disable-gpu",
     "--disable-quic",
@@ -33,7 +34,6 @@ CHROMIUM_FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--hide-scrollbars",
 )
 
 
@@ -59,6 +59,8 @@ def screenshot_html(
         subprocess.run(
             [
                 chromium,
+                "--headless",
+                "--hide-scrollbars",
                 *CHROMIUM_FLAGS,
                 f"--user-data-dir={profile}",
                 f"--window-size={width},{height}",
