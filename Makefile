@@ -36,6 +36,7 @@ demo: venv
 bench: venv
 	PJRT_DEVICE=CPU $(PY) bench/bucketing.py
 	PJRT_DEVICE=CPU $(PY) bench/sharding.py
+	PJRT_DEVICE=CPU $(PY) bench/memory.py
 	PJRT_DEVICE=CPU $(PY) bench/profiling.py
 	PJRT_DEVICE=CPU $(PY) bench/train.py
 
