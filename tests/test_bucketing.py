@@ -46,15 +46,17 @@ def _brute_force(lengths: list[int], k: int, multiple: int, top: int) -> int:
 @settings(max_examples=150, deadline=None, database=None)
 @given(
     lengths=st.lists(st.integers(1, 24), min_size=1, max_size=12),
-    k=st.integers(1, 4),
+    k=st.one_of(st.none(), st.integers(1, 4)),
     multiple=st.integers(1, 4),
-    max_length=st.one_of(st.none(), st.integers(1, 26)),
+    max_length=st.one_of(st.none(), st.integers(1, 30)),
 )
 def test_optimal_never_pads_more_than_brute_force(lengths, k, multiple, max_length):
     plan = plan_buckets(lengths, k, multiple_of=multiple, max_length=max_length)
     limit = max_length if max_length is not None else max(lengths)
     clipped = [min(n, limit) for n in lengths]
     top = -(-limit // multiple) * multiple
+    if k is None:  # no cap: as many boundaries as there are candidate multiples
+        k = top // multiple
     assert plan.boundaries == sorted(set(plan.boundaries))
     assert 1 <= plan.num_shapes <= k
     assert all(b % multiple == 0 for b in plan.boundaries)
@@ -81,6 +83,9 @@ def test_plan_on_a_hand_checked_example():
     assert plan.boundaries == [10, 50]
     assert plan.padded_tokens == 5 * 10 + 50 and plan.real_tokens == 79
     assert plan.counts == [5, 1]
+    # no cap, max_length above every length: the top boundary is an extra one, not one of the cap
+    uncapped = plan_buckets([10, 20], None, max_length=30)
+    assert uncapped.boundaries == [10, 20, 30] and uncapped.padded_tokens == 30
     assert plan.bucket_for(4) == 10 and plan.bucket_for(11) == 50
     assert plan.efficiency == pytest.approx(79 / 100)
     with pytest.raises(ValueError, match="longer than the last boundary"):
@@ -205,12 +210,23 @@ def test_sampler_without_drop_last_lists_the_remainder_shapes():
     assert sampler.batch_shapes() == [(1, 8), (1, 64), (2, 8), (2, 64)]
     assert sorted(i for b in sampler for i in b) == list(range(8))
     unbucketed = BucketBatchSampler([3, 5, 5, 9], None, batch_size=2)
-    assert unbucketed.batch_shapes() == [(2, 3), (2, 5), (2, 9)]
+    assert unbucketed.batch_shapes() == [(2, 5), (2, 9)]  # two members: never as short as 3
+    rounded = BucketBatchSampler([3, 5, 5, 9, 17], None, batch_size=2, multiple_of=8, drop_last=False)
+    assert rounded.batch_shapes() == [(1, 8), (1, 16), (1, 24), (2, 8), (2, 16), (2, 24)]
 
 
 def test_sampler_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="exactly one of batch_size or tokens_per_batch"):
+    with pytest.raises(
+        ValueError,
+        match="exactly one of batch_size or tokens_per_batch; got batch_size=None and tokens_per_batch=None",
+    ):
         BucketBatchSampler([1], [8])
+    with pytest.raises(ValueError, match="got batch_size=4 and tokens_per_batch=256"):
+        BucketBatchSampler([1], [8], batch_size=4, tokens_per_batch=256)
+    with pytest.raises(ValueError, match="drop_last=False is not allowed with dp_size=2: use drop_last=True"):
+        BucketBatchSampler([1] * 5, [8], batch_size=2, dp_size=2, drop_last=False)
+    with pytest.raises(ValueError, match="multiple_of=0 is not allowed"):
+        BucketBatchSampler([1], None, batch_size=1, multiple_of=0)
     with pytest.raises(ValueError, match="overflow='cut'"):
         BucketBatchSampler([1], [8], batch_size=1, overflow="cut")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="dp_size=0"):
@@ -232,6 +248,19 @@ def test_bucket_collator_pads_to_the_boundary():
     assert long["input_ids"].shape == (1, 16) and long["attention_mask"].sum() == 12  # cut at max_length
     dynamic = BucketCollator(0, None, 64)([[1, 2, 3], [1]])
     assert dynamic["input_ids"].shape == (2, 3)
+    assert BucketCollator(0, None, 64, multiple_of=8)([[1, 2, 3], [1]])["input_ids"].shape == (2, 8)
+
+
+@pytest.mark.parametrize(("flag", "expected"), [(False, "mask4d"), (True, "position_ids")])
+def test_packed_attention_default_needs_the_mask_transformers_applies(monkeypatch, flag, expected):
+    from transformers import masking_utils
+
+    # transformers detects packed rows under any torch but applies the mask only under torch >= 2.6
+    monkeypatch.setattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", flag)
+    assert PackedCollator(0, 8).attention == expected
+    monkeypatch.delattr(masking_utils, "_is_torch_greater_or_equal_than_2_6")
+    assert PackedCollator(0, 8).attention == "mask4d"  # a transformers we do not know: the safe mask
+    assert PackedCollator(0, 8, attention="position_ids").attention == "position_ids"  # asked for: kept
 
 
 def test_pack_plan_uses_every_sequence_once_within_the_row():
@@ -327,6 +356,29 @@ def test_make_loader_buckets_per_config():
     assert pad_max.batch_shapes() == [(8, 64)]
     _, none = make_loader(ds, cfg.with_overrides(["bucketing.strategy=none"]), pad_token_id=0)
     assert len(none.batch_shapes()) > 3  # one shape per possible longest member
+
+
+def test_make_loader_without_buckets_lists_exactly_the_shapes_it_pads_to():
+    import datasets
+
+    # Mostly short sequences, so that even "all four members pad to 8" occurs every epoch.
+    rng = np.random.default_rng(2)
+    sizes = [*rng.integers(2, 9, size=150), *rng.integers(9, 17, size=30), *rng.integers(17, 30, size=20)]
+    ids = [rng.integers(3, 100, size=int(k)).tolist() for k in sizes]
+    ds = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids, "length": [len(x) for x in ids]})
+    cfg = WorkbenchConfig().with_overrides(
+        ["data.max_length=64", "bucketing.strategy=none", "bucketing.multiple_of=8", "train.batch_size=4"]
+    )
+    loader, sampler = make_loader(ds, cfg, pad_token_id=0, dp_size=2, seed=0)
+    listed = set(sampler.batch_shapes())
+    assert listed == {(4, 8), (4, 16), (4, 24), (4, 32)}  # padded as the collator pads, not raw lengths
+    produced = set()
+    for epoch in range(3):  # which longest members occur depends on the shuffle: a few epochs see all
+        sampler.set_epoch(epoch)
+        shapes = {tuple(batch["input_ids"].shape) for batch in loader}
+        assert shapes <= listed  # never a shape prewarm did not compile
+        produced |= shapes
+    assert produced == listed  # and none it compiled for nothing
 
 
 def test_make_loader_packs_per_config():
@@ -446,10 +498,10 @@ def test_bucketed_run_compiles_only_in_prewarm_and_unbucketed_per_length(xla):
             opt.zero_grad(set_to_none=True)
             return losses
 
-        def run(strategy, steps, compiled_lengths=()):
+        def run(strategy, steps, compiled_lengths=(), multiple_of=16):
             cfg = WorkbenchConfig().with_overrides({
                 "data.max_length": 128, "bucketing.strategy": strategy, "bucketing.max_buckets": 2,
-                "bucketing.multiple_of": 16, "train.batch_size": 4})
+                "bucketing.multiple_of": multiple_of, "train.batch_size": 4})
             loader, sampler = make_loader(ds, cfg, pad_token_id=0, seed=0)
             shapes = sampler.batch_shapes()
             warm = 0
@@ -471,7 +523,8 @@ def test_bucketed_run_compiles_only_in_prewarm_and_unbucketed_per_length(xla):
 
         bucketed = run("optimal", 12)
         # Lengths the bucketed run compiled already are cached programs for the unbucketed run too.
-        emit({"bucketed": bucketed, "unbucketed": run("none", 4, bucketed["compiled"])})
+        # multiple_of=1: each batch padded to its raw longest member, a new program per length.
+        emit({"bucketed": bucketed, "unbucketed": run("none", 4, bucketed["compiled"], multiple_of=1)})
         """
     )
     bucketed, unbucketed = out["bucketed"], out["unbucketed"]

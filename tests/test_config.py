@@ -106,6 +106,10 @@ BAD = [
     (["bucketing.max_buckets=0"], r"bucketing\.max_buckets=0 is not allowed: must be >= 1"),
     (["train.max_grad_norm=0"], r"train\.max_grad_norm=0\.0 is not allowed: must be > 0 or null"),
     (["train.dynamic_batch_factor=1"], r"train\.dynamic_batch_factor=1\.0 is not allowed: must be > 1"),
+    (
+        ["train.dynamic_batch_every=10", "bucketing.tokens_per_batch=2048"],
+        r"train\.dynamic_batch_every=10 is not allowed: must be 0 while bucketing\.tokens_per_batch=2048 is set",
+    ),
 ]
 
 

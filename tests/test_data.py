@@ -125,7 +125,8 @@ def test_text_records_get_bos_eos_and_full_labels(tokenizer):
 
     ds = datasets.Dataset.from_dict({"body": ["Return the sum of a and b.", ""]})
     cfg = DataConfig(text_field="body")
-    out = data.tokenize_records(ds, tokenizer, cfg)
+    with pytest.warns(RuntimeWarning, match="1 of 2 records were left out"):
+        out = data.tokenize_records(ds, tokenizer, cfg)
     assert len(out) == 1  # the empty text gives no usable example
     row = out[0]
     assert row["input_ids"][0] == tokenizer.bos_token_id and row["input_ids"][-1] == tokenizer.eos_token_id
@@ -147,7 +148,8 @@ def test_chat_labels_cover_only_assistant_turns(tokenizer):
     ds = datasets.Dataset.from_list(
         [{"messages": messages}, {"messages": [{"role": "user", "content": "hi"}]}]
     )
-    out = data.tokenize_records(ds, tokenizer, DataConfig(chat=True))
+    with pytest.warns(RuntimeWarning, match="1 of 2 records were left out.*no assistant token"):
+        out = data.tokenize_records(ds, tokenizer, DataConfig(chat=True))
     assert len(out) == 1  # a conversation without an answer teaches nothing
     row = out[0]
     assert row["input_ids"] == tokenizer.apply_chat_template(messages, tokenize=True)
@@ -159,6 +161,52 @@ def test_chat_labels_cover_only_assistant_turns(tokenizer):
     pr_row = data.tokenize_records(pr, tokenizer, DataConfig())[0]
     answer = [t for t, lab in zip(pr_row["input_ids"], pr_row["labels"]) if lab != data.IGNORE_INDEX]
     assert tokenizer.decode(answer).startswith("Absolute value.")
+
+
+def _copy_of(tokenizer, where: Path):
+    tokenizer.save_pretrained(where)
+    return tokenizer.__class__.from_pretrained(str(where))
+
+
+def test_left_out_records_are_counted_in_one_warning(tokenizer, tmp_path):
+    import warnings
+
+    import datasets
+
+    texts = ["A real sentence to learn from.", "", None, "Another one.", ""]
+    with pytest.warns(RuntimeWarning) as caught:
+        out = data.tokenize_records(datasets.Dataset.from_dict({"text": texts}), tokenizer, DataConfig())
+    assert len(out) == 2
+    assert [str(w.message) for w in caught if "left out" in str(w.message)] == [
+        "3 of 5 records were left out when tokenising: their data.text_field='text' was empty or "
+        "not a string, or gave fewer than 2 tokens (nothing to predict)"
+    ]
+    bare = _copy_of(tokenizer, tmp_path / "bare")
+    bare.bos_token = bare.eos_token = None  # without bos/eos a one-token text predicts nothing
+    one_token = datasets.Dataset.from_dict({"text": ["a", "a b c d"]})
+    with pytest.warns(RuntimeWarning, match="1 of 2 records were left out"):
+        assert len(data.tokenize_records(one_token, bare, DataConfig())) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing left out, nothing said
+        data.tokenize_records(datasets.Dataset.from_dict({"text": ["Kept."]}), tokenizer, DataConfig())
+
+
+def test_chat_errors_say_what_made_the_records_chat(tokenizer, tmp_path):
+    import datasets
+
+    plain = _copy_of(tokenizer, tmp_path / "plain")
+    plain.chat_template = None
+    pairs = datasets.Dataset.from_list([{"prompt": "What does abs do?", "response": "Absolute value."}])
+    with pytest.raises(ValueError, match=r"chat records \(from the 'prompt' and 'response' columns"):
+        data.tokenize_records(pairs, plain, DataConfig())
+    messages = datasets.Dataset.from_list([{"messages": [{"role": "user", "content": "hi"}]}])
+    with pytest.raises(ValueError, match=r"from the 'messages' column of the records"):
+        data.tokenize_records(messages, plain, DataConfig())
+    with pytest.raises(ValueError, match=r"from data\.chat=True"):
+        data.tokenize_records(messages, plain, DataConfig(chat=True))
+    body = datasets.Dataset.from_dict({"body": ["x"]})
+    with pytest.raises(ValueError, match=r"data\.chat=True needs chat records: .*found \['body'\]"):
+        data.tokenize_records(body, tokenizer, DataConfig(chat=True))
 
 
 def test_chat_sample_tokenises_with_masked_prompts(tokenizer):

@@ -27,16 +27,18 @@ per distinct maximum — the recompilation this module exists to avoid.
 Packing keeps sequences apart under eager attention (what `workbench.models.build_model` uses
 on XLA) in one of two ways, both checked against per-sequence losses in the tests:
 
-- ``attention="position_ids"`` (default with transformers >= 4.53): the batch carries no
+- ``attention="position_ids"`` (default with transformers >= 4.53 and torch >= 2.6): the batch carries no
   ``attention_mask`` and ``position_ids`` that restart at 0 for each sequence; transformers'
   ``masking_utils`` then detects the packed format (``find_packed_sequence_indices``) and builds
   the block-diagonal causal mask on the device. Only ``batch x length`` integers cross to the
   device. transformers does this only without a KV cache: call the model with
   ``use_cache=False`` (the trainer does; with a cache the rows' sequences would see each other).
+  Under torch < 2.6 transformers detects the packing but does not apply it (its mask functions
+  need torch >= 2.6), so the default there is "mask4d".
 - ``attention="mask4d"``: a ready ``(batch, 1, length, length)`` additive float mask
   (0 inside a sequence's causal block, the dtype's minimum elsewhere), which transformers passes
-  to eager attention unchanged. Works with older transformers; costs ``length**2`` floats per
-  row on the host-to-device link.
+  to eager attention unchanged. Works with older transformers and torch; costs ``length**2``
+  floats per row on the host-to-device link.
 
 In both, the label of each sequence's first token is set to -100: under the causal shift it
 would otherwise be predicted from the previous sequence's last token.
@@ -54,7 +56,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-IGNORE_INDEX = -100
+# One definition, in the module that is cheap to import (data.py imports nothing heavy at the
+# top, and nothing from here, so there is no cycle); re-exported below for existing importers.
+from workbench.data import IGNORE_INDEX
+
 STRATEGIES = ("optimal", "pow2", "multiple", "quantile", "max")
 Strategy = Literal["optimal", "pow2", "multiple", "quantile", "max"]
 
@@ -169,9 +174,10 @@ def plan_buckets(
     values, counts = np.unique(rounded, return_counts=True)
 
     if strategy == "optimal":
-        k = len(values) if max_buckets is None else int(max_buckets)
         if values[-1] != top:  # the last boundary must fit max_length even if no length reaches it
             values, counts = np.append(values, top), np.append(counts, 0)
+        # no cap: one boundary per candidate value, the appended top one included
+        k = len(values) if max_buckets is None else int(max_buckets)
         boundaries = _optimal_boundaries(values, counts, k)
     elif strategy == "max":
         boundaries = [top]
@@ -281,8 +287,10 @@ class BucketBatchSampler:
     ``max_length`` when given) are truncated (kept in the last bucket; the collator cuts them)
     or dropped, per ``overflow``; they are counted in `report()` and announced with a warning.
     With ``drop_last`` each bucket's incomplete remainder is left out of the epoch (counted too),
-    so only full shapes occur. ``boundaries=None`` puts everything in one group: batches are
-    padded by the collator to their longest member (no planned shapes).
+    so only full shapes occur; ``drop_last=False`` needs ``dp_size=1`` (a remainder need not
+    split evenly over the replicas). ``boundaries=None`` puts everything in one group: batches
+    are padded by the collator to their longest member rounded up to ``multiple_of`` (no planned
+    shapes); give the collator's ``multiple_of`` here too so `batch_shapes` lists those lengths.
     """
 
     def __init__(
@@ -298,9 +306,13 @@ class BucketBatchSampler:
         overflow: Literal["truncate", "drop"] = "truncate",
         drop_last: bool = True,
         max_length: int | None = None,
+        multiple_of: int = 1,
     ) -> None:
         if (batch_size is None) == (tokens_per_batch is None):
-            raise ValueError("give exactly one of batch_size or tokens_per_batch")
+            raise ValueError(
+                "give exactly one of batch_size or tokens_per_batch; "
+                f"got batch_size={batch_size!r} and tokens_per_batch={tokens_per_batch!r}"
+            )
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is not allowed: must be >= 1")
         if tokens_per_batch is not None and tokens_per_batch < 1:
@@ -309,6 +321,15 @@ class BucketBatchSampler:
             raise ValueError(f"dp_size={dp_size!r} is not allowed: must be >= 1")
         if overflow not in ("truncate", "drop"):
             raise ValueError(f"overflow={overflow!r} is not allowed: expected 'truncate' or 'drop'")
+        if not drop_last and dp_size > 1:
+            # A bucket's remainder has len % size rows, which need not be a multiple of dp_size:
+            # the batch would not split evenly over the data-parallel replicas.
+            raise ValueError(
+                f"drop_last={drop_last!r} is not allowed with dp_size={dp_size}: "
+                "use drop_last=True (remainders are left out and counted in report()) or dp_size=1"
+            )
+        if not isinstance(multiple_of, (int, np.integer)) or multiple_of < 1:
+            raise ValueError(f"multiple_of={multiple_of!r} is not allowed: must be an int >= 1")
         self.lengths = np.asarray(lengths, dtype=np.int64).ravel()
         if self.lengths.size == 0:
             raise ValueError("lengths is empty: nothing to batch")
@@ -318,6 +339,7 @@ class BucketBatchSampler:
         self.batch_size, self.tokens_per_batch = batch_size, tokens_per_batch
         self.dp_size, self.seed, self.shuffle = int(dp_size), int(seed), bool(shuffle)
         self.overflow, self.drop_last = overflow, bool(drop_last)
+        self.multiple_of = int(multiple_of)
         self.epoch, self._position, self._resume_at = 0, 0, 0
         self.notes: dict[str, Any] = {}
         """Extra facts for `report()` (e.g. what packing did before these rows were batched)."""
@@ -398,19 +420,23 @@ class BucketBatchSampler:
     def batch_shapes(self) -> list[tuple[int, int]]:
         """Every (batch, length) shape this sampler can emit, in every epoch.
 
-        With ``boundaries=None`` that is one shape per distinct length a batch could have as
-        its longest member — the cost of not bucketing.
+        With ``boundaries=None`` that is one shape per length (rounded up to ``multiple_of``, as
+        the collator pads) that a batch could have as its longest member — the cost of not
+        bucketing.
         """
         shapes: set[tuple[int, int]] = set()
         if self.boundaries is None:
             members = self._groups[0]
             size = self._sizes[0]
-            if len(members) >= size or not self.drop_last:
-                for length in np.unique(self._clipped[members]):
-                    shapes.add((size, int(length)))
-                if not self.drop_last and len(members) % size:
-                    for length in np.unique(self._clipped[members]):
-                        shapes.add((len(members) % size, int(length)))
+            padded = np.sort(_round_up(np.maximum(self._clipped[members], 1), self.multiple_of))
+            rows = [size] if len(members) >= size else []
+            if not self.drop_last and len(members) % size:
+                rows.append(len(members) % size)
+            for n in rows:
+                # A batch of n is at least as long as its n-th shortest possible member: shorter
+                # padded lengths can never be a batch's longest member (prewarm skips them).
+                for length in np.unique(padded[n - 1 :]):
+                    shapes.add((n, int(length)))
             return sorted(shapes)
         for members, size, length in zip(self._groups, self._sizes, self._group_lengths):
             if len(members) >= size:
@@ -568,9 +594,17 @@ def pack_sequences(examples: Sequence[Any], row_length: int) -> list[dict[str, l
 
 
 def _packed_attention_default() -> str:
+    """ "position_ids" where transformers both detects packed rows and applies the mask, else "mask4d"."""
     try:
-        from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
-    except ImportError:  # transformers < 4.53: no packed detection from position ids
+        from transformers import masking_utils
+    except ImportError:  # transformers without masking_utils: no packed detection at all
+        return "mask4d"
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):  # transformers < 4.53
+        return "mask4d"
+    # transformers detects the packing under any torch but applies its mask only when this flag
+    # of its own is true (torch >= 2.6); read the flag rather than re-derive the condition. A
+    # transformers without the flag is one we do not know: mask4d is correct everywhere.
+    if not getattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", False):
         return "mask4d"
     return "position_ids"
 
@@ -784,9 +818,12 @@ def make_loader(
         seed=seed,
         overflow=b.overflow,
         max_length=max_length,
+        multiple_of=b.multiple_of,
         **sizes,
     )
-    collate = BucketCollator(pad_token_id, boundaries, max_length)
+    # multiple_of matters only without boundaries (strategy "none"): the collator rounds each
+    # batch's longest member up to it, and the sampler must list those lengths for prewarm.
+    collate = BucketCollator(pad_token_id, boundaries, max_length, multiple_of=b.multiple_of)
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate), sampler
 
 

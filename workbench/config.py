@@ -468,6 +468,16 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.data.max_length,
             f"must be <= model.max_position_embeddings={obj.model.max_position_embeddings}",
         )
+        # With a token budget the loader sizes every bucket's batch from it and ignores
+        # train.batch_size, so growing the batch would change no batch and only skip data (the
+        # epoch resumes as if the batches had grown).
+        _require(
+            obj.train.dynamic_batch_every == 0 or obj.bucketing.tokens_per_batch is None,
+            "train.dynamic_batch_every",
+            obj.train.dynamic_batch_every,
+            f"must be 0 while bucketing.tokens_per_batch={obj.bucketing.tokens_per_batch} is set "
+            "(the token budget fixes every batch size); unset one of them",
+        )
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> WorkbenchConfig:

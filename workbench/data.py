@@ -27,9 +27,11 @@ local jsonl/json/csv/parquet/text file or directory, loaded through ``datasets``
 
 **Tokenising** (`tokenize_records`): plain text becomes ``bos + text + eos`` with labels equal
 to the ids; chat records (``messages`` or ``prompt``/``response``) are rendered with the chat
-template and their labels are -100 everywhere except the assistant turns. Sequences are not
-cut here: lengths above ``data.max_length`` are truncated or dropped by the batch sampler,
-which counts them (`workbench.bucketing`).
+template and their labels are -100 everywhere except the assistant turns. Records that
+teach nothing are left out — texts that are empty, not strings or a single token, chat
+records with no assistant token to predict — and counted in one ``RuntimeWarning``. Sequences
+are not cut here: lengths above ``data.max_length`` are truncated or dropped by the batch
+sampler, which counts them (`workbench.bucketing`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 IGNORE_INDEX = -100
+"""Label of a token that is not predicted (prompt, padding, packed borders); `torch`'s default ignore_index."""
 ASSETS = Path(__file__).resolve().parent / "assets"
 CHAT_SAMPLE = ASSETS / "chat_sample.jsonl"
 CACHE_ENV = "XLA_WORKBENCH_CACHE"
@@ -348,9 +351,30 @@ def _load_local(path: Path, fmt: str, cache_dir: str | os.PathLike[str] | None) 
 # ---- tokenising ------------------------------------------------------------------------------
 
 
-def _is_chat(dataset: Any, data_cfg: Any) -> bool:
+def _chat_reason(dataset: Any, data_cfg: Any) -> str | None:
+    """Why the records count as chat (``data.chat`` or the column that gave it away), or None."""
     names = set(dataset.column_names)
-    return bool(data_cfg.chat) or "messages" in names or {"prompt", "response"} <= names
+    if data_cfg.chat:
+        return "data.chat=True"
+    if "messages" in names:
+        return "the 'messages' column of the records"
+    if {"prompt", "response"} <= names:
+        return "the 'prompt' and 'response' columns of the records"
+    return None
+
+
+def _is_chat(dataset: Any, data_cfg: Any) -> bool:
+    return _chat_reason(dataset, data_cfg) is not None
+
+
+def _warn_left_out(dropped: int, total: int, why: str) -> None:
+    """One warning for the records tokenising left out, so a shrunken dataset is never a surprise."""
+    if dropped:
+        warnings.warn(
+            f"{dropped} of {total} records were left out when tokenising: {why}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _chat_example(messages: list[dict[str, str]], tokenizer: Any) -> dict[str, list[int]]:
@@ -385,23 +409,37 @@ def _chat_example(messages: list[dict[str, str]], tokenizer: Any) -> dict[str, l
 
 
 def tokenize_records(dataset: Any, tokenizer: Any, data_cfg: Any) -> Any:
-    """Columns ``input_ids``, ``labels`` (-100 on chat prompts), ``length``; no truncation here."""
-    if _is_chat(dataset, data_cfg):
+    """Columns ``input_ids``, ``labels`` (-100 on chat prompts), ``length``; no truncation here.
+
+    Records with nothing to predict are left out and counted in one ``RuntimeWarning``.
+    """
+    reason = _chat_reason(dataset, data_cfg)
+    if reason is not None:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
-                f"data.chat needs a tokenizer with a chat template; data.tokenizer_path={data_cfg.tokenizer_path!r} has none"
+                f"the records are chat records (from {reason}), which need a tokenizer with a chat template; "
+                f"data.tokenizer_path={data_cfg.tokenizer_path!r} has none: give one with a chat template, "
+                "or set data.text_field to train on a text column without data.chat"
             )
         names = set(dataset.column_names)
         if not ("messages" in names or {"prompt", "response"} <= names):
             raise ValueError(
-                f"chat records need a 'messages' column or 'prompt' and 'response' columns; found {sorted(names)}"
+                f"{reason} needs chat records: a 'messages' column or 'prompt' and 'response' columns; "
+                f"found {sorted(names)}"
             )
 
         def chat(record: dict[str, Any]) -> dict[str, Any]:
             return _chat_example(_as_messages(record), tokenizer)
 
         out = dataset.map(chat, remove_columns=dataset.column_names, desc=None)
-        return out.filter(lambda r: any(x != IGNORE_INDEX for x in r["labels"][1:]))
+        # Label 0 is never predicted (nothing precedes it): a record needs a label after it.
+        kept = out.filter(lambda r: any(x != IGNORE_INDEX for x in r["labels"][1:]))
+        _warn_left_out(
+            len(out) - len(kept),
+            len(out),
+            "chat records with no assistant token to predict (no assistant turn, or empty ones)",
+        )
+        return kept
 
     field = data_cfg.text_field
     if field not in dataset.column_names:
@@ -416,12 +454,18 @@ def tokenize_records(dataset: Any, tokenizer: Any, data_cfg: Any) -> Any:
         ids = [
             ([bos] if bos is not None else []) + e + ([eos] if eos is not None else []) for e in encoded if e
         ]
-        ids = [
-            x for x in ids if len(x) >= 2
-        ]  # empty texts teach nothing: left out (a batched map may shrink)
+        # Empty texts and single tokens teach nothing (no next token): left out, and counted
+        # below from the row counts (a batched map may shrink), not in here.
+        ids = [x for x in ids if len(x) >= 2]
         return {"input_ids": ids, "labels": [list(x) for x in ids], "length": [len(x) for x in ids]}
 
-    return dataset.map(text, batched=True, remove_columns=dataset.column_names)
+    out = dataset.map(text, batched=True, remove_columns=dataset.column_names)
+    _warn_left_out(
+        len(dataset) - len(out),
+        len(dataset),
+        f"their data.text_field={field!r} was empty or not a string, or gave fewer than 2 tokens (nothing to predict)",
+    )
+    return out
 
 
 # ---- hosts and the one-call builder ------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from workbench.data import IGNORE_INDEX
 
 
 @dataclass
@@ -158,13 +158,6 @@ class DistillationObjective(torch.nn.Module):
             total = total + settings.hidden_weight * hidden
             parts["hidden_sum"] = hidden.detach()
         return {"loss_sum": total, "tokens": mask.sum(), **parts}
-
-
-def shard_teacher(teacher: torch.nn.Module, mesh: Any) -> Any:
-    """Shard the teacher over `mesh` with the same rules as the student (issue 4's shard_model)."""
-    from workbench.sharding import shard_model
-
-    return shard_model(teacher, mesh)
 
 
 @torch.no_grad()
