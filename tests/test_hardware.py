@@ -31,7 +31,11 @@ REAL_KINDS = {
     "NVIDIA A100 80GB PCIe": "a100-80gb",
     "NVIDIA H100 80GB HBM3": "h100",
     "NVIDIA H100 PCIe": "h100-pcie",
+    "NVIDIA H100 NVL": "h100-nvl",
     "NVIDIA H200": "h200",
+    "NVIDIA H200 NVL": "h200-nvl",
+    "NVIDIA GH200 480GB": "gh200",  # Grace Hopper: not the H200 card
+    "NVIDIA GH200 144G HBM3e": "gh200",
     "cpu": "cpu",
 }
 
@@ -50,6 +54,12 @@ def test_chip_table_figures() -> None:
     # v2/v3 expose one runtime device per TensorCore: per-device figures are half the chip's
     assert CHIPS["v3"].devices_per_chip == 2
     assert chip_spec("TPU v4 lite") is None  # unknown chips give None, never a guess
+    nvl = chip_spec("NVIDIA H100 NVL")  # its own card: less compute, more (and faster) memory than SXM
+    assert nvl is not None and nvl.hbm_bytes == 94e9 and nvl.peak_bf16_flops == 835e12
+    assert nvl.hbm_bandwidth_bytes_per_s == 3900e9
+    assert chip_spec("NVIDIA H100 80GB HBM3").hbm_bytes == 80e9
+    assert chip_spec("NVIDIA H200").hbm_bytes == 141e9
+    assert chip_spec("NVIDIA GH200 480GB") is None  # 96 or 144 GB by variant: unknown, not the H200's 141
     assert chip_spec("Some Future Chip") is None
     for name in ("v2", "v3", "v4", "v5e", "v5p", "v6e", "t4", "p100", "l4", "a100-40gb", "a100-80gb", "h100"):
         spec = CHIPS[name]
@@ -95,6 +105,38 @@ def test_explicit_backends_that_are_missing_say_what_was_found(monkeypatch: pyte
     with pytest.raises(HardwareError, match=r"device_type='gpu' is not allowed.*'cuda'"):
         detect("gpu")  # type: ignore[arg-type]
     detect.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("world_size", "visible", "num_devices"),
+    [
+        (None, 4, 4),  # one process driving every GPU it sees
+        ("8", 4, 8),  # torchrun on 2 nodes x 4 GPUs: each process sees 4, drives 1; not 8 x 4
+        ("2", 1, 2),  # CUDA_VISIBLE_DEVICES narrowed per process: the same answer
+    ],
+)
+def test_cuda_counts_one_gpu_per_launched_process(
+    monkeypatch: pytest.MonkeyPatch, world_size: str | None, visible: int, num_devices: int
+) -> None:
+    import types
+
+    import torch
+
+    if world_size is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world_size)
+        monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda index=0: types.SimpleNamespace(total_memory=80 * 10**9)
+    )
+    hw = hardware._detect_cuda()
+    assert hw.num_devices == num_devices and hw.local_devices == visible
+    assert hw.num_processes == int(world_size or 1) and hw.process_index == (1 if world_size else 0)
+    assert hw.chip == "h100" and hw.memory_per_device_bytes == 80 * 10**9
 
 
 def test_importing_workbench_starts_no_runtime() -> None:

@@ -121,12 +121,30 @@ def test_a_mesh_spec_object_is_accepted():
     assert est.per_device_batch == 2 and est.mesh == {"data": 2, "fsdp": 4, "model": 1}
 
 
+def test_a_torch_xla_style_mesh_is_accepted():
+    """A built mesh answers ``shape()`` (torch_xla's Mesh: an OrderedDict of axis -> size)."""
+    from collections import OrderedDict
+
+    class FakeXlaMesh:
+        def shape(self) -> OrderedDict[str, int]:
+            return OrderedDict(data=1, fsdp=4, model=2)
+
+    est = estimate(TINY, batch_size=8, seq_len=32, mesh=FakeXlaMesh())
+    assert est.per_device_batch == 2 and est.mesh == {"data": 1, "fsdp": 4, "model": 2}
+    with pytest.raises(ValueError, match=r"mesh of type object is not allowed.*MeshSpec"):
+        estimate(TINY, batch_size=8, seq_len=32, mesh=object())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
         ({"precision": "fp8"}, r"precision='fp8'.*'fp32', 'bf16-mixed', 'bf16'"),
         ({"optimizer": "lion"}, r"optimizer='lion'.*'adamw'"),
         ({"batch_size": 6, "mesh": {"data": 4, "fsdp": 1, "model": 1}}, r"batch_size=6.*multiple of 4"),
+        (
+            {"batch_size": 2, "mesh": {"data": 4, "fsdp": 1, "model": 1}},
+            r"batch_size=2 is not allowed: .* data\(4\) x fsdp\(1\) = 4; use a multiple of 4 \(e\.g\. 4\)$",
+        ),
         ({"batch_size": 0}, r"batch_size=0.*int >= 1"),
         ({"mesh": {"data": -1, "fsdp": 2, "model": 1}}, r"data=-1.*resolve"),
         ({"attention": "sparse"}, r"attention='sparse'"),
@@ -165,6 +183,24 @@ def test_max_batch_size_is_the_largest_fitting_multiple():
     assert estimate(TINY, batch_size=best, seq_len=128, precision="fp32").fits(budget)
     assert not estimate(TINY, batch_size=best + 8, seq_len=128, precision="fp32").fits(budget)
     assert max_batch_size(TINY, seq_len=128, memory_bytes=1024, precision="fp32") == 0
+
+
+def test_the_batch_finders_follow_the_mesh_without_being_told():
+    """With only ``mesh=`` (multiple_of and dp_size left at their defaults) the first estimate
+    would be batch 1, which a data(2) x fsdp(4) mesh cannot split: the finders must step by 8."""
+    budget = 64 * 1024**2
+    mesh = {"data": 2, "fsdp": 4, "model": 1}
+    best = max_batch_size(TINY, seq_len=128, memory_bytes=budget, precision="fp32", mesh=mesh)
+    assert best > 0 and best % 8 == 0
+    assert not estimate(TINY, batch_size=best + 8, seq_len=128, precision="fp32", mesh=mesh).fits(budget)
+    # a given multiple combines with the mesh's: lcm(3, 8) = 24
+    assert max_batch_size(TINY, seq_len=128, memory_bytes=budget, multiple_of=3, mesh=mesh) % 24 == 0
+
+    plan = find_batch_size(TINY, seq_len=128, memory_bytes=budget, precision="fp32", mesh=mesh)
+    assert plan.batch_size == best and plan.batch_size % 8 == 0
+    assert all(r["batch_size"] % 8 == 0 for r in plan.candidates)
+    with pytest.raises(ValueError, match=r"candidate batch size 12 .* multiple of 24 .*dp_size=3.*= 8"):
+        find_batch_size(TINY, seq_len=128, memory_bytes=budget, dp_size=3, candidates=[24, 12], mesh=mesh)
 
 
 def test_find_batch_size_uses_the_compiled_figure_to_step_down():

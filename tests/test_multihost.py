@@ -82,6 +82,9 @@ def test_per_host_batch_size():
         "global batch size 30 does not split over 4 hosts (processes): 30 % 4 = 2; "
         "use a multiple of 4 (e.g. 28 or 32)"
     )
+    with pytest.raises(MultiHostError) as err:  # fewer sequences than hosts: no "e.g. 4 or 4"
+        per_host_batch_size(3, pod(4))
+    assert str(err.value).endswith("use a multiple of 4 (e.g. 4)")
     with pytest.raises(
         MultiHostError, match=re.escape("does not split over the data-parallel size 8 of mesh")
     ):
@@ -171,7 +174,11 @@ def test_pod_launch_command_with_a_config_file_and_echo(capsys):
         ({"tpu_name": "tpu", "zone": "us-central2-b", "worker": "some"}, "worker='some' is not allowed"),
         (
             {"tpu_name": "tpu", "zone": "us-central2-b", "env": {"A B": "1"}},
-            "variable name 'A B' is not allowed",
+            "variable name 'A B' is not allowed: letters, digits and '_', not starting with a digit",
+        ),
+        (
+            {"tpu_name": "tpu", "zone": "us-central2-b", "env": {"1X": "1"}},
+            "variable name '1X' is not allowed: letters, digits and '_', not starting with a digit",
         ),
     ],
 )

@@ -323,6 +323,11 @@ def test_batch_rules():
         ),
     ):
         check_batch_size(6, {"data": 2, "fsdp": 2, "model": 2})
+    with pytest.raises(ShardingError) as err:  # below the divisor: the lower multiple would be 0
+        check_batch_size(2, {"data": 4, "fsdp": 1})
+    assert str(err.value).endswith("use a multiple of 4 (e.g. 4)")
+    with pytest.raises(ShardingError, match=re.escape("use a multiple of 4 (e.g. 4 or 8)")):
+        check_batch_size(6, {"data": 2, "fsdp": 2})
     rows = shard_map("ids", (8, 16), ("fsdp", None), {"data": 1, "fsdp": 8, "model": 1}).shards
     assert [s.index[0] for s in rows] == [(i, i + 1) for i in range(8)]
 

@@ -50,7 +50,8 @@ class ChipSpec:
 
 
 # Sources: cloud.google.com/tpu/docs/system-architecture-tpu-vm and the per-version pages
-# (v2, v3, v4, v5e, v5p, v6e "Trillium"); NVIDIA datasheets for T4, P100, L4, A100, H100.
+# (v2, v3, v4, v5e, v5p, v6e "Trillium"); NVIDIA datasheets for T4, P100, L4, A100, H100, H200.
+# NVIDIA quotes tensor FLOP/s "with sparsity": the dense figures here are half of those.
 CHIPS: dict[str, ChipSpec] = {
     # TPU v2: 16 GiB HBM per chip (8 per core), 45 TFLOP/s bf16 per chip, 600 GB/s. Two cores = two devices.
     "v2": ChipSpec("v2", 16 * GiB, 45 * TFLOPS, 600 * GB, devices_per_chip=2),
@@ -78,8 +79,18 @@ CHIPS: dict[str, ChipSpec] = {
     "h100": ChipSpec("h100", 80 * GB, 989 * TFLOPS, 3350 * GB),
     # H100 PCIe: 80 GB HBM2e, 756 TFLOP/s bf16 dense, 2,000 GB/s.
     "h100-pcie": ChipSpec("h100-pcie", 80 * GB, 756 * TFLOPS, 2000 * GB),
+    # H100 NVL (H100 datasheet, NVL column): 94 GB HBM3, 1,671 TFLOP/s bf16 with sparsity = 835 dense,
+    # 3,900 GB/s. A different card from the SXM part, not a naming variant of it.
+    "h100-nvl": ChipSpec("h100-nvl", 94 * GB, 835 * TFLOPS, 3900 * GB),
     # H200 SXM: 141 GB HBM3e, 989 TFLOP/s bf16 dense, 4,800 GB/s.
     "h200": ChipSpec("h200", 141 * GB, 989 * TFLOPS, 4800 * GB),
+    # H200 NVL (H200 datasheet, NVL column): 141 GB HBM3e, 1,671 TFLOP/s bf16 with sparsity = 835 dense,
+    # 4,800 GB/s.
+    "h200-nvl": ChipSpec("h200-nvl", 141 * GB, 835 * TFLOPS, 4800 * GB),
+    # GH200 (Grace Hopper) is deliberately absent: its GPU ships with 96 GB HBM3 (4,000 GB/s) or
+    # 144 GB HBM3e (4,900 GB/s), and the device names ('NVIDIA GH200 480GB', '... 120GB', '... 144G
+    # HBM3e') do not reliably say which, so its figures stay unknown (on CUDA, `detect` reads the
+    # memory from torch anyway).
 }
 
 # Device-kind strings as runtimes report them -> normalised chip names. Ordered: first match wins.
@@ -96,9 +107,13 @@ _KIND_PATTERNS: list[tuple[str, str]] = [
     (r"\bl4\b", "l4"),
     (r"a100.*80\s*gb", "a100-80gb"),
     (r"a100", "a100-40gb"),
-    (r"h100.*pcie", "h100-pcie"),
-    (r"h100", "h100"),
-    (r"h200", "h200"),
+    # \b keeps "GH200" (Grace Hopper) from matching the H200 entry; NVL/PCIe cards before the SXM default
+    (r"\bh100.*pcie", "h100-pcie"),
+    (r"\bh100.*nvl", "h100-nvl"),
+    (r"\bh100", "h100"),
+    (r"\bh200.*nvl", "h200-nvl"),
+    (r"\bh200", "h200"),
+    (r"\bgh200", "gh200"),  # named, but not in the table: see CHIPS
     (r"^cpu", "cpu"),
 ]
 
@@ -229,19 +244,28 @@ def _detect_xla() -> HardwareInfo:
 
 
 def _detect_cuda() -> HardwareInfo:
+    """CUDA through torch (no XLA).
+
+    How many GPUs the run has: a launcher that sets ``WORLD_SIZE`` (torchrun, torch.distributed)
+    starts one process per GPU, so the run has WORLD_SIZE devices, however many each process can
+    see (under torchrun every process sees all of its node's GPUs: multiplying by the visible
+    count would over-count by that factor). Without ``WORLD_SIZE`` this is the only process and
+    the run has every GPU it can see. `local_devices` is always the visible count.
+    """
     import torch
 
     kind = torch.cuda.get_device_name(0)
     chip = normalise_chip(kind)
     _, peak = _per_device(CHIPS.get(chip))
     count = torch.cuda.device_count()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world_env = os.environ.get("WORLD_SIZE", "").strip()
+    world = int(world_env) if world_env else 1
     return HardwareInfo(
         backend="cuda",
         via_xla=False,
         device_kind=kind,
         chip=chip,
-        num_devices=count * world,
+        num_devices=world if world_env else count,
         local_devices=count,
         num_processes=world,
         process_index=int(os.environ.get("RANK", "0")),

@@ -43,6 +43,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# sharding imports only `workbench.runtime` (no torch_xla at import time) and nothing imports
+# memory back, so the mesh sizes, the batch rule and the byte formatter come from one place
+from workbench.sharding import axis_sizes_of, batch_size_problem, data_parallel_size, format_bytes
+
 Precision = Literal["fp32", "bf16-mixed", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "bf16")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "sgd")
@@ -323,22 +327,20 @@ class MemoryEstimate:
         """The breakdown as aligned text, largest part first."""
         rows = sorted(((k, v) for k, v in self.breakdown.items() if v), key=lambda kv: -kv[1])
         width = max((len(k) for k, _ in rows), default=5)
-        lines = [f"{k:<{width}}  {_fmt(v):>10}  {100 * v / max(self.total_bytes, 1):5.1f}%" for k, v in rows]
-        lines.append(f"{'total':<{width}}  {_fmt(self.total_bytes):>10}")
+        lines = [
+            f"{k:<{width}}  {format_bytes(v):>10}  {100 * v / max(self.total_bytes, 1):5.1f}%"
+            for k, v in rows
+        ]
+        lines.append(f"{'total':<{width}}  {format_bytes(self.total_bytes):>10}")
         return "\n".join(lines)
 
 
-def _fmt(n: float) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
 def _mesh_sizes(mesh: Any) -> dict[str, int]:
+    """``{"data", "fsdp", "model"}`` sizes of a resolved `MeshSpec`, a torch_xla mesh or a mapping
+    (axes it lacks count 1); None is one device."""
     if mesh is None:
         return {"data": 1, "fsdp": 1, "model": 1}
-    sizes = dict(mesh.axis_sizes) if hasattr(mesh, "axis_sizes") else dict(mesh)
+    sizes = axis_sizes_of(mesh)
     out = {axis: int(sizes.get(axis, 1)) for axis in ("data", "fsdp", "model")}
     for axis, size in out.items():
         if size < 1:
@@ -409,12 +411,10 @@ def estimate(
     _check_positive("grad_accum", grad_accum)
     nbytes = _bytes_for(precision)
     sizes = _mesh_sizes(mesh)
-    dp = sizes["data"] * sizes["fsdp"]
-    if batch_size % dp:
-        raise ValueError(
-            f"batch_size={batch_size} is not allowed with mesh data({sizes['data']}) x fsdp({sizes['fsdp']}): "
-            f"it must be a multiple of {dp}, the data-parallel size"
-        )
+    problem = batch_size_problem(batch_size, sizes)
+    if problem is not None:
+        raise ValueError(f"batch_size={batch_size} is not allowed: {problem}")
+    dp = data_parallel_size(sizes)
     shard = sizes["fsdp"] * sizes["model"]  # parameter/state sharding
     mp = sizes["model"]
     per_device_batch = batch_size // dp
@@ -535,25 +535,36 @@ def max_batch_size(
     limit: int = 1 << 20,
     **estimate_kwargs: Any,
 ) -> int:
-    """The largest global batch (a multiple of `multiple_of`, e.g. the data-parallel size) whose
-    estimate fits in `memory_bytes` per device; 0 when not even `multiple_of` fits."""
+    """The largest global batch whose estimate fits in `memory_bytes` per device; 0 when not even
+    the smallest allowed batch fits.
+
+    The batch is a multiple of `multiple_of` and of the data-parallel size (data x fsdp) of a
+    ``mesh=`` in `estimate_kwargs` (their least common multiple): `estimate` refuses a batch
+    that does not split over the mesh, so the default ``multiple_of=1`` works with a mesh too.
+    """
     _check_positive("multiple_of", multiple_of)
     _check_positive("memory_bytes", memory_bytes)
+    step = math.lcm(multiple_of, _mesh_dp(estimate_kwargs))
 
     def fits(k: int) -> bool:
-        est = estimate(model_config, batch_size=k * multiple_of, seq_len=seq_len, **estimate_kwargs)
+        est = estimate(model_config, batch_size=k * step, seq_len=seq_len, **estimate_kwargs)
         return est.fits(memory_bytes, headroom)
 
     if not fits(1):
         return 0
     lo, hi = 1, 2
-    while hi * multiple_of <= limit and fits(hi):  # the estimate grows with the batch: double, then bisect
+    while hi * step <= limit and fits(hi):  # the estimate grows with the batch: double, then bisect
         lo, hi = hi, hi * 2
-    hi = min(hi, limit // multiple_of + 1)
+    hi = min(hi, limit // step + 1)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo * multiple_of
+    return lo * step
+
+
+def _mesh_dp(estimate_kwargs: Mapping[str, Any]) -> int:
+    """The data-parallel size (data x fsdp) of the ``mesh=`` among `estimate` keyword arguments; 1 without one."""
+    return data_parallel_size(_mesh_sizes(estimate_kwargs.get("mesh")))
 
 
 @dataclass
@@ -575,7 +586,7 @@ def find_batch_size(
     *,
     seq_len: int,
     memory_bytes: int,
-    dp_size: int = 1,
+    dp_size: int | None = None,
     candidates: Sequence[int] | None = None,
     headroom: float = 0.1,
     compiled_bytes: Callable[[int], int | None] | None = None,
@@ -583,35 +594,44 @@ def find_batch_size(
 ) -> BatchPlan:
     """Choose the global micro-batch before running anything.
 
-    Candidates are multiples of `dp_size` (default: dp_size x 1, 2, 4, ... up to the estimate's
-    largest fit and one beyond). The largest candidate whose estimate fits is checked with
+    Candidates are multiples of `step`, the least common multiple of `dp_size` and the data-parallel
+    size (data x fsdp) of a ``mesh=`` in `estimate_kwargs`; `dp_size` defaults to the mesh's (1
+    without a mesh). Default candidates: step x 1, 2, 4, ... up to the estimate's largest fit and
+    one beyond. The largest candidate whose estimate fits is checked with
     `compiled_bytes(batch)` when given (e.g. compile the step without running it and read the
     compiler's memory analysis); if the compiler says it does not fit, the next smaller candidate
     is tried. A `None` from the probe (backend reports nothing) keeps the estimate's verdict.
     """
+    mesh_dp = _mesh_dp(estimate_kwargs)
+    if dp_size is None:
+        dp_size = mesh_dp
     _check_positive("dp_size", dp_size)
+    step = math.lcm(dp_size, mesh_dp)
     if candidates is None:
         best = max_batch_size(
             model_config,
             seq_len=seq_len,
             memory_bytes=memory_bytes,
-            multiple_of=dp_size,
+            multiple_of=step,
             headroom=headroom,
             **estimate_kwargs,
         )
-        top = max(best, dp_size) * 2
+        top = max(best, step) * 2
         candidates = []
-        k = dp_size
+        k = step
         while k <= top:
             candidates.append(k)
             k *= 2
         if best and best not in candidates:
             candidates.append(best)
     for c in candidates:
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1 or c % dp_size:
-            raise ValueError(
-                f"candidate batch size {c!r} is not allowed: a positive multiple of dp_size={dp_size}"
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1 or c % step:
+            allowed = (
+                f"dp_size={dp_size}"
+                if step == dp_size
+                else f"{step} (the least common multiple of dp_size={dp_size} and the mesh's data x fsdp = {mesh_dp})"
             )
+            raise ValueError(f"candidate batch size {c!r} is not allowed: a positive multiple of {allowed}")
     budget = memory_bytes * (1 - headroom)
     rows: list[dict[str, Any]] = []
     ordered = sorted(set(candidates), reverse=True)

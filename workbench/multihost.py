@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from workbench import data, runtime
+from workbench.sharding import nearby_multiples  # imports only runtime: no cycle, starts nothing
 
 if TYPE_CHECKING:
     from workbench.config import WorkbenchConfig
@@ -107,11 +108,10 @@ def per_host_batch_size(
             f"{mesh.dp_size} of mesh {mesh.describe()}; use a multiple of {mesh.dp_size}"
         )
     if global_batch_size % hosts:
-        below = global_batch_size - global_batch_size % hosts
         raise MultiHostError(
             f"global batch size {global_batch_size} does not split over {hosts} hosts (processes): "
             f"{global_batch_size} % {hosts} = {global_batch_size % hosts}; use a multiple of {hosts} "
-            f"(e.g. {below or hosts} or {below + hosts})"
+            f"(e.g. {nearby_multiples(global_batch_size, hosts)})"
         )
     return global_batch_size // hosts
 
@@ -212,7 +212,10 @@ def pod_launch_command(
     variables = {"PJRT_DEVICE": "TPU", **dict(env or {})}
     for name in variables:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise MultiHostError(f"environment variable name {name!r} is not allowed")
+            raise MultiHostError(
+                f"environment variable name {name!r} is not allowed: letters, digits and '_', "
+                "not starting with a digit"
+            )
     args = shlex.split(entrypoint)
     if config_path:
         args += ["--config", config_path]

@@ -252,8 +252,18 @@ def axis_sizes_of(mesh: Any) -> dict[str, int]:
         return mesh.axis_sizes
     if isinstance(mesh, Mapping):
         return {str(k): int(v) for k, v in mesh.items()}
+    if not callable(getattr(mesh, "shape", None)):
+        raise MeshError(
+            f"mesh of type {type(mesh).__name__} is not allowed: expected a torch_xla Mesh, "
+            "a MeshSpec or a mapping of axis name -> size"
+        )
     shape = mesh.shape()  # torch_xla Mesh: OrderedDict(axis name -> size)
     return {str(k): int(v) for k, v in shape.items()}
+
+
+def data_parallel_size(axis_sizes: Mapping[str, int]) -> int:
+    """How many ways the batch splits: the product of the `BATCH_AXES` sizes (data x fsdp)."""
+    return math.prod(int(axis_sizes.get(a, 1)) for a in BATCH_AXES)
 
 
 def _device_grid(mesh: Any, sizes: Mapping[str, int]) -> list[int]:
@@ -528,7 +538,7 @@ class ShardingReport:
                 "x".join(map(str, e.shape)) or "scalar",
                 _spec_text(e.spec),
                 "x".join(map(str, e.local_shape)) or "scalar",
-                _fmt_bytes(e.bytes_per_device),
+                format_bytes(e.bytes_per_device),
                 "FALLBACK: replicated, no rule matched" if e.fallback else e.note,
             )
             for e in self.entries
@@ -540,7 +550,7 @@ class ShardingReport:
         lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
         lines.append(
             f"mesh {_sizes_text(self.axis_sizes)}: {len(self.entries)} parameters, "
-            f"total {_fmt_bytes(self.total_bytes)}, at most {_fmt_bytes(self.bytes_per_device)} per device"
+            f"total {format_bytes(self.total_bytes)}, at most {format_bytes(self.bytes_per_device)} per device"
             + (f"; {len(self.fallbacks)} replicated by fallback" if self.fallbacks else "")
         )
         return "\n".join(lines)
@@ -558,7 +568,7 @@ class ShardingReport:
             cells = "  ".join(
                 str(c).rjust(len(a)) for c, a in zip(reversed(coords), self.axis_sizes, strict=True)
             )
-            lines.append(f"d{device:<6d}  {cells}  {_fmt_bytes(per_device[device])}")
+            lines.append(f"d{device:<6d}  {cells}  {format_bytes(per_device[device])}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -617,11 +627,16 @@ def _sizes_text(sizes: Mapping[str, int]) -> str:
     return " x ".join(f"{a}({s})" for a, s in sizes.items())
 
 
-def _fmt_bytes(n: int) -> str:
+def format_bytes(n: float) -> str:
+    """``1.50 GiB``, ``12.00 MiB``, ``512 B``: binary units, two decimals above a KiB.
+
+    The one byte formatter of the package (`workbench.memory` uses it too), so a report and
+    an estimate of the same size print the same.
+    """
     for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
+        if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
+    return f"{int(n)} B"
 
 
 def _itemsize(dtype: Any) -> int:
@@ -807,16 +822,34 @@ def batch_spec(ndim: int, axis_sizes: Mapping[str, int]) -> PartitionSpec:
     return (first,) + (None,) * (ndim - 1)
 
 
+def batch_size_problem(batch_size: int, axis_sizes: Mapping[str, int]) -> str | None:
+    """None when `batch_size` splits evenly over data x fsdp, else why not and what to use instead.
+
+    The one divisibility rule for batches: `check_batch_size` and `workbench.memory.estimate`
+    each put their own subject in front of it.
+    """
+    dp = data_parallel_size(axis_sizes)
+    if batch_size % dp == 0:
+        return None
+    spelled = " x ".join(f"{a}({axis_sizes.get(a, 1)})" for a in BATCH_AXES)
+    return (
+        f"not divisible by the data-parallel size {spelled} = {dp}; use a multiple of {dp} "
+        f"(e.g. {nearby_multiples(batch_size, dp)})"
+    )
+
+
+def nearby_multiples(value: int, divisor: int) -> str:
+    """The multiples of `divisor` either side of `value` ("28 or 32"); only the upper one when
+    the lower would be 0, which is no batch at all ("4", not "4 or 4")."""
+    lower = value - value % divisor
+    return f"{lower} or {lower + divisor}" if lower else str(divisor)
+
+
 def check_batch_size(batch_size: int, axis_sizes: Mapping[str, int], name: str = "batch") -> None:
     """Raise when `batch_size` does not split evenly over the data-parallel axes."""
-    dp = math.prod(axis_sizes.get(a, 1) for a in BATCH_AXES)
-    if batch_size % dp:
-        spelled = " x ".join(f"{a}({axis_sizes.get(a, 1)})" for a in BATCH_AXES)
-        lower, upper = batch_size - batch_size % dp, batch_size - batch_size % dp + dp
-        raise ShardingError(
-            f"{name} has batch size {batch_size}, not divisible by the data-parallel size "
-            f"{spelled} = {dp}; use a multiple of {dp} (e.g. {lower or upper} or {upper})"
-        )
+    problem = batch_size_problem(batch_size, axis_sizes)
+    if problem is not None:
+        raise ShardingError(f"{name} has batch size {batch_size}, {problem}")
 
 
 def shard_batch(batch: Mapping[str, Any], mesh: Any) -> dict[str, Any]:
