@@ -68,6 +68,39 @@ def test_keeps_only_the_newest_n(tmp_path):
     assert manager.latest().name == "step-00000015"
 
 
+def test_a_restarted_run_keeps_and_resumes_its_own_lower_steps(tmp_path):
+    # An abandoned run left steps 100 and 200; a new run (resume=False) saves step 10.
+    manager = CheckpointManager(tmp_path, keep=2)
+    for step in (100, 200, 10):
+        manager.save(step, _state(step))
+    # the one just written survives, the oldest written goes, and resuming picks the new run
+    assert [p.name for p in manager.checkpoints()] == ["step-00000200", "step-00000010"]
+    assert manager.latest().name == "step-00000010"
+
+
+def test_crash_while_resaving_a_step_puts_the_moved_aside_copy_back(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=1)
+    manager.save(4, _state(4))
+    # _commit moves step-4 aside before renaming the new step-4 in; a crash in between leaves:
+    (tmp_path / "step-00000004").rename(tmp_path / ".tmp-old-step-00000004-0123abcd")
+    assert manager.latest() is None
+    manager.save(5, _state(5))  # the next save finds the copy, restores it, then prunes by keep
+    assert manager.latest().name == "step-00000005"
+    manager = CheckpointManager(tmp_path, keep=2)
+    (tmp_path / "step-00000005").rename(tmp_path / ".tmp-old-step-00000005-0123abcd")
+    manager.save(6, _state(6))
+    assert [p.name for p in manager.checkpoints()] == ["step-00000005", "step-00000006"]
+    assert manager.load(tmp_path / "step-00000005")["step"] == 12
+
+
+def test_state_that_is_not_a_dict_of_string_keys_is_named(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    with pytest.raises(CheckpointError, match=r"state is a list: it must be a dict with string keys"):
+        manager.save(1, [1, 2])
+    with pytest.raises(CheckpointError, match=r"state key 3 \(int\) is not allowed: keys must be strings"):
+        manager.save(1, {3: torch.zeros(1)})
+
+
 def test_rng_capture_restore_replays_the_same_numbers(tmp_path):
     manager = CheckpointManager(tmp_path)
     torch.manual_seed(3)

@@ -37,7 +37,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,8 @@ MANIFEST = "manifest.json"
 STATE_JSON = "state.json"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _TMP_PREFIX = ".tmp-"
+# A step directory moved aside while the same step is saved again: `_commit` below names it.
+_MOVED_ASIDE = re.compile(r"^\.tmp-old-(step-\d{8,})-[0-9a-f]{8}$")
 
 
 class CheckpointError(RuntimeError):
@@ -136,6 +138,18 @@ def _tensor(tensors: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
 # ---- files -----------------------------------------------------------------------------------
 
 
+def _written_at(directory: Path) -> float:
+    """When a complete checkpoint was written: its manifest's time, else the manifest file's mtime."""
+    manifest = directory / MANIFEST
+    try:
+        return float(json.loads(manifest.read_text())["created_unix"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:  # an unreadable manifest: `load` will say so; order it by the file's time meanwhile
+            return manifest.stat().st_mtime
+        except OSError:
+            return 0.0
+
+
 def _sha256(path: Path, chunk: int = 1 << 22) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -213,18 +227,23 @@ class CheckpointManager:
 
     # ---- finding ----
     def checkpoints(self) -> list[Path]:
-        """Complete checkpoints (renamed into place, with a manifest), oldest first."""
+        """Complete checkpoints (renamed into place, with a manifest), the earliest written first.
+
+        Ordered by when each was written (its manifest's ``created_unix``), then by step, not by
+        step alone: a run restarted from an earlier point (or with ``resume=False``) writes lower
+        steps after higher ones, and its own checkpoints are the ones to resume from and to keep.
+        """
         if not self.root.is_dir():
             return []
         found = []
         for entry in self.root.iterdir():
             match = _STEP_DIR.match(entry.name)
             if match and entry.is_dir() and (entry / MANIFEST).is_file():
-                found.append((int(match.group(1)), entry))
-        return [path for _, path in sorted(found)]
+                found.append((_written_at(entry), int(match.group(1)), entry))
+        return [path for _, _, path in sorted(found)]
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint, or None."""
+        """The most recently written complete checkpoint, or None."""
         found = self.checkpoints()
         return found[-1] if found else None
 
@@ -240,8 +259,15 @@ class CheckpointManager:
     # ---- saving ----
     def save(self, step: int, state: Mapping[str, Any]) -> Path:
         """Write `state` as checkpoint `step` atomically; prune to the newest `keep`. Returns its path."""
-        if not isinstance(state, Mapping) or not all(isinstance(k, str) for k in state):
-            raise CheckpointError("state must be a dict with string keys (model, optimizer, ...)")
+        if not isinstance(state, Mapping):
+            raise CheckpointError(
+                f"state is a {type(state).__name__}: it must be a dict with string keys (model, optimizer, ...)"
+            )
+        bad_keys = [k for k in state if not isinstance(k, str)]
+        if bad_keys:
+            raise CheckpointError(
+                f"state key {bad_keys[0]!r} ({type(bad_keys[0]).__name__}) is not allowed: keys must be strings"
+            )
         if int(step) < 0:
             raise CheckpointError(f"step={step!r} is not allowed: must be >= 0")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -294,7 +320,7 @@ class CheckpointManager:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self._prune()
+        self._prune(keep_path=final)
         return final
 
     def _commit(self, tmp: Path, final: Path) -> None:
@@ -309,13 +335,26 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
 
     def _remove_stale_temporaries(self) -> None:
-        """Leftovers of saves that crashed before their rename."""
-        for entry in self.root.iterdir():
-            if entry.name.startswith(_TMP_PREFIX) and entry.is_dir():
+        """Leftovers of saves that crashed before their rename.
+
+        A re-save of step N moves the old step-N aside before renaming the new one in; a crash
+        between the two leaves only the moved-aside copy, which is complete: put it back.
+        """
+        for entry in sorted(self.root.iterdir()):
+            if not (entry.name.startswith(_TMP_PREFIX) and entry.is_dir()):
+                continue
+            moved = _MOVED_ASIDE.match(entry.name)
+            original = self.root / moved.group(1) if moved else None
+            if original is not None and not original.exists() and (entry / MANIFEST).is_file():
+                os.replace(entry, original)
+                _fsync_dir(self.root)
+            else:
                 shutil.rmtree(entry, ignore_errors=True)
 
-    def _prune(self) -> None:
-        for path in self.checkpoints()[: -self.keep]:
+    def _prune(self, keep_path: Path) -> None:
+        """Keep the `keep` most recently written checkpoints; never the one just written."""
+        others = [path for path in self.checkpoints() if path != keep_path]
+        for path in others[: max(0, len(others) - (self.keep - 1))]:
             shutil.rmtree(path, ignore_errors=True)
 
     # ---- loading ----
@@ -561,8 +600,3 @@ def _as_tuples(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(_as_tuples(v) for v in value)
     return value
-
-
-def iter_tensors(state: Any) -> Iterable[torch.Tensor]:
-    """Every tensor in a nested state."""
-    return flatten_state(state)[1].values()
