@@ -389,3 +389,32 @@ def test_xla_variants_compile_nothing_after_warmup(xla):
         assert r["after"] == 0, (name, r)
         assert all(x == x for x in r["losses"]), (name, r)
         assert all(t <= 2 for t in r["transfers"]), (name, r)
+
+
+@pytest.mark.xla
+def test_logging_every_step_reads_loss_and_grad_norm_without_loop_transfers(xla):
+    """The profiler reads the loss and grad norm itself, outside the transfer count: a loop that
+    logs every step must not look like one with a `.item()` in it, and `lr` is the rate applied."""
+    out = xla(
+        """
+        from tests.test_train import tiny_cfg, token_dataset
+        from workbench.optim import lr_multiplier
+        from workbench.train import Trainer
+
+        cfg = tiny_cfg(**{"train.device_type": "xla", "train.steps": 5, "train.log_every": 1,
+                          "train.max_grad_norm": 1.0})
+        trainer = Trainer(cfg, train_dataset=token_dataset(32))
+        r = trainer.fit()
+        t = cfg.train
+        expected_lr = [t.learning_rate * lr_multiplier(s, warmup_steps=t.warmup_steps, total_steps=t.steps,
+                                                       min_lr_ratio=t.min_lr_ratio) for s in range(t.steps)]
+        emit({"transfers": [m["transfers"] for m in r.history], "grad_norms": [m["grad_norm"] for m in r.history],
+              "lr": [m["lr"] for m in r.history], "expected_lr": expected_lr,
+              "advice": [a.kind for a in trainer.profiler.advice()]})
+        """,
+        devices=1,
+    )
+    assert out["transfers"] == [0] * 5, out
+    assert all(g is not None and g > 0 for g in out["grad_norms"]), out
+    assert "host_transfer" not in out["advice"], out
+    assert out["lr"] == pytest.approx(out["expected_lr"]), out

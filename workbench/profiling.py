@@ -20,7 +20,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -228,12 +228,16 @@ class StepProfiler:
         input_wait_s: float | None = None,
         eval_loss: float | None = None,
         log: bool | None = None,
+        extras: Mapping[str, Any] | None = None,
     ) -> dict[str, Any] | None:
         """Record one optimizer step of `tokens` real tokens. Returns the metrics dict at a log
         step (every `log_every` steps, or when `log=True`), else None.
 
-        `loss` may be a device tensor: it is read only at a log step. Nothing here reads a
-        device value between log steps.
+        `loss` may be a device tensor: it is read only at a log step. So may the values of
+        `extras` (e.g. ``{"grad_norm": tensor}``), which join the metrics under their own keys;
+        like the loss they are read after the interval's transfer count is taken, so the
+        profiler's own reads never count as the loop's transfers. Nothing here reads a device
+        value between log steps.
         """
         self._step += 1
         self._tokens_seen += int(tokens)
@@ -252,12 +256,15 @@ class StepProfiler:
             log = self._step % self.log_every == 0
         if not log:
             return None
-        return self._log(loss, lr, eval_loss)
+        return self._log(loss, lr, eval_loss, extras or {})
 
-    def _log(self, loss: Any, lr: float | None, eval_loss: float | None) -> dict[str, Any]:
-        # counters first: the profiler's own read of the loss is not the user's transfer
+    def _log(
+        self, loss: Any, lr: float | None, eval_loss: float | None, extras: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        # counters first: the profiler's own reads of the loss and extras are not the user's transfers
         compiles, compile_time, transfers = self._counters()
         loss_value = _to_float(loss)
+        extra_values = {key: _to_float(value) for key, value in extras.items()}
         if loss_value is None and self._xla and self.sync_at_log:
             runtime.wait_device_ops()
         now = time.perf_counter()
@@ -291,6 +298,7 @@ class StepProfiler:
             "input_wait_fraction": self._interval_wait / interval,
             "compiled_program_bytes": self._compiled_program_bytes(),
             "recompile_steps": list(self._interval_recompiles),
+            **extra_values,
         }
         self.history.append(metrics)
         self._open_interval(time.perf_counter(), after_read)
@@ -391,24 +399,24 @@ class StepProfiler:
         return found
 
     def _memory_pressure(self) -> tuple[int, int, str] | None:
-        for m in reversed(self.history):
-            limit = m["device_memory_limit_bytes"] or self.memory_limit_bytes
-            if not limit and self.hw is not None:
-                limit = self.hw.memory_per_device_bytes
-            if not limit:
-                return None
-            for key, source in (
-                ("device_memory_bytes", "device"),
-                ("compiled_program_bytes", "compiled program"),
-            ):
-                if m.get(key):
-                    used = int(m[key])
-                    return (used, int(limit), source) if used >= self.memory_near_fraction * limit else None
-            if self.memory_estimate_bytes:
-                used = int(self.memory_estimate_bytes)
-                return (used, int(limit), "estimate") if used >= self.memory_near_fraction * limit else None
+        """(used, limit, source) when the newest interval's memory is near the limit, else None.
+
+        The best figure available wins: the device's own, then the compiled program's, then the
+        estimate (XLA:CPU reports no device usage).
+        """
+        if not self.history:
             return None
-        return None
+        m = self.history[-1]
+        limit = m["device_memory_limit_bytes"] or self.memory_limit_bytes
+        if not limit and self.hw is not None:
+            limit = self.hw.memory_per_device_bytes
+        if not limit:
+            return None
+        used, source = int(self.memory_estimate_bytes or 0), "estimate"
+        for key, name in (("compiled_program_bytes", "compiled program"), ("device_memory_bytes", "device")):
+            if m.get(key):  # a later (better) figure replaces an earlier one
+                used, source = int(m[key]), name
+        return (used, int(limit), source) if used and used >= self.memory_near_fraction * limit else None
 
     # ---- export ----
     def to_json(self, path: str | Path) -> Path:

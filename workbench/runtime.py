@@ -45,12 +45,48 @@ def env_requests_xla() -> str | None:
     return value.upper() or None
 
 
+# TPU chips on the PCI bus, as torch_xla counts them (torch_xla/_internal/tpu.py): Google's vendor
+# id with a TPU device id. The vendor alone is not enough: GCE's gVNIC network card is Google's too.
+_GOOGLE_PCI_VENDOR_ID = "0x1ae0"
+_TPU_PCI_DEVICE_IDS = frozenset(
+    {
+        "0x0027",  # v2, v3
+        "0x005e",  # v4
+        "0x0063",  # v5e
+        "0x006f",  # v6e
+        "0x0076",  # 7x
+        "0x0056",  # testing parts torch_xla also counts
+        "0x0062",
+    }
+)
+
+
+def tpu_pci_chips(pci_devices: str | os.PathLike[str] = "/sys/bus/pci/devices") -> int:
+    """TPU chips attached to this host through PCI (0 where sysfs cannot be read)."""
+    chips = 0
+    try:
+        entries = list(os.scandir(pci_devices))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            with open(os.path.join(entry.path, "vendor")) as vendor:
+                if vendor.read().strip() != _GOOGLE_PCI_VENDOR_ID:
+                    continue
+            with open(os.path.join(entry.path, "device")) as device:
+                chips += device.read().strip() in _TPU_PCI_DEVICE_IDS
+        except OSError:
+            continue
+    return chips
+
+
 def tpu_present() -> bool:
     """Cheap signs of a TPU on this host, without touching the runtime.
 
-    TPU VMs expose ``/dev/accel*`` (v4 and later) or ``/dev/vfio`` devices and set
-    ``TPU_ACCELERATOR_TYPE``/``TPU_NAME``; Colab and Kaggle TPU runtimes set one of
-    ``COLAB_TPU_ADDR``, ``TPU_WORKER_ID`` or ``KAGGLE_TPU``-style variables.
+    ``PJRT_DEVICE=TPU``; the variables TPU VMs and hosted runtimes set (``TPU_ACCELERATOR_TYPE``,
+    ``TPU_NAME``, ``COLAB_TPU_ADDR``, ``TPU_WORKER_ID``, ...); ``/dev/accel*`` or
+    ``/dev/vfio/devices``; and, the sign that needs no variable at all, TPU chips on the PCI bus
+    (Colab's and Kaggle's TPU VMs do not always set the variables).
     """
     if env_requests_xla() == "TPU":
         return True
@@ -58,11 +94,11 @@ def tpu_present() -> bool:
         if os.environ.get(var):
             return True
     try:
-        return any(name.startswith("accel") for name in os.listdir("/dev")) or os.path.isdir(
-            "/dev/vfio/devices"
-        )
+        if any(name.startswith("accel") for name in os.listdir("/dev")) or os.path.isdir("/dev/vfio/devices"):
+            return True
     except OSError:
-        return False
+        pass
+    return tpu_pci_chips() > 0
 
 
 # ---- the modules, imported lazily ----------------------------------------------------
@@ -197,11 +233,6 @@ def device_loader(loader: Iterable[Any], dev: Any, *, batch_sharding: Any = None
     if batch_sharding is not None:
         kwargs["input_sharding"] = batch_sharding
     return pl.MpDeviceLoader(loader, dev, **kwargs)
-
-
-def optimizer_step(optimizer: Any) -> None:
-    """The optimizer's step; gradients are already reduced under SPMD."""
-    optimizer.step()
 
 
 # ---- SPMD ----------------------------------------------------------------------------

@@ -74,7 +74,7 @@ from workbench.distill import (
 )
 from workbench.hardware import HardwareError, HardwareInfo, detect
 from workbench.models import build_model, enable_gradient_checkpointing
-from workbench.optim import build_optimizer, init_optimizer_state, optimizer_state_tensors, warmup_cosine
+from workbench.optim import build_optimizer, init_optimizer_state, warmup_cosine
 
 Callback = Callable[[dict], None]
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -338,8 +338,9 @@ class Trainer:
         )
         self._stream: HostStream | None = None
         self._device_iter: Iterator[dict] | None = None
-        self._warm = False
         self._compiles_at_warm = 0
+        self._checkpointed_step: int | None = None
+        """The step the last checkpoint saved or loaded holds (no need to save it again)."""
         self._batch_ladder: list[int] = [train.batch_size]
 
     # ---- setup helpers ----
@@ -750,16 +751,13 @@ class Trainer:
         }
         if any(True for _ in self.objective.parameters()):
             state["objective"] = self.objective.state_dict()
-        sampler = getattr(self, "sampler", None)
-        if sampler is not None and hasattr(sampler, "state_dict"):
-            state["sampler"] = sampler.state_dict()
         return state
 
     def save_checkpoint(self) -> Path:
         if self.checkpoints is None:
             raise ValueError("train.checkpoint_dir is not set")
         path = self.checkpoints.save(self.step, self.state())
-        self.checkpoint_path = str(path)
+        self.checkpoint_path, self._checkpointed_step = str(path), self.step
         return path
 
     def load_checkpoint(self, path: str | Path | None = None) -> Path:
@@ -789,7 +787,7 @@ class Trainer:
         self.sequences_in_epoch = int(loop["sequences_in_epoch"])
         self.batch_size, self.split = int(loop["batch_size"]), int(loop["split"])
         restore_rng(state["rng"])
-        self.checkpoint_path = str(path)
+        self.checkpoint_path, self._checkpointed_step = str(path), self.step
         self._notice(f"resumed from {path} at step {self.step}")
         return path
 
@@ -811,6 +809,7 @@ class Trainer:
         )
         profiler = self._make_profiler(prewarmed=warm > 0)
         timed_tokens, timed_start = 0, None
+        paused_s = 0.0  # in-loop evals and checkpoint saves: not training time
         try:
             while self.step < train.steps:
                 self._maybe_grow_batch()
@@ -826,6 +825,7 @@ class Trainer:
                         0 if first_of_epoch else self.sequences_in_epoch
                     )
                 input_wait = time.perf_counter() - wait_start
+                lr = self.scheduler.get_last_lr()[0]  # the rate this step applies
                 out = self._run_step(batches)
                 self.step += 1
                 self.tokens_seen += tokens
@@ -841,24 +841,25 @@ class Trainer:
                     timed_tokens += tokens
                 eval_loss = None
                 if train.eval_every and self.step % train.eval_every == 0 and self.eval_dataset is not None:
+                    pause = time.perf_counter()
                     eval_loss = self.evaluate()
+                    paused_s += time.perf_counter() - pause
                 is_log = self.step % train.log_every == 0 or self.step == train.steps
-                grad_norm = None
-                if is_log and "grad_norm" in out:
-                    grad_norm = float(out["grad_norm"])  # after the sync: a read, not a new program
-                # The profiler reads the loss only at log steps; between them nothing leaves the device.
+                # The profiler reads the loss (and the grad norm) only at log steps, after the
+                # step's sync; between them nothing leaves the device.
                 metrics = profiler.step(
                     tokens,
                     loss=out["loss"] if is_log else None,
-                    lr=self.scheduler.get_last_lr()[0],
+                    lr=lr,
                     input_wait_s=input_wait,
                     eval_loss=eval_loss,
                     log=is_log,
+                    extras={"grad_norm": out.get("grad_norm")},
                 )
                 if metrics is not None:
                     metrics["step"] = self.step  # the optimizer step, also across resumes
                     metrics["tokens_seen"] = self.tokens_seen
-                    metrics["grad_norm"] = grad_norm
+                    metrics["warmup_compiles"] = warm
                     metrics["batch_size"] = self.batch_size
                     metrics["micro_batch"] = self.batch_size // self.split
                     metrics["grad_accum"] = self.micro_steps
@@ -873,7 +874,9 @@ class Trainer:
                     and train.checkpoint_every
                     and self.step % train.checkpoint_every == 0
                 ):
+                    pause = time.perf_counter()
                     self.save_checkpoint()
+                    paused_s += time.perf_counter() - pause
                     if is_log:  # keep the save's time and host copies out of the next interval's figures
                         profiler.reset_clock()
         finally:
@@ -882,11 +885,9 @@ class Trainer:
         if self._xla:
             runtime.wait_device_ops()
         end = time.perf_counter()
-        if self.checkpoints is not None and (
-            not train.checkpoint_every or self.step % train.checkpoint_every
-        ):
-            self.save_checkpoint()
-        elapsed = end - timed_start if timed_start is not None else 0.0
+        if self.checkpoints is not None and self._checkpointed_step != self.step:
+            self.save_checkpoint()  # the final state, unless the loop (or a resume) has this step already
+        elapsed = end - timed_start - paused_s if timed_start is not None else 0.0
         after = (runtime.compile_count() - self._compiles_at_warm) if self._xla else 0
         self.profiler = profiler
         return TrainResult(
@@ -902,8 +903,6 @@ class Trainer:
         )
 
     def _run_step(self, batches: list[dict]) -> dict[str, torch.Tensor]:
-        if self._xla and self._warm is False:
-            self._warm = True
         if self._xla:
             return self.train_step(batches)
         while True:  # eager backends: a failed step leaves weights intact, so it can be retried
@@ -953,9 +952,14 @@ class Trainer:
             flops = training_flops_per_token(self.model.config, self.cfg.data.max_length)
         except Exception:  # a model the FLOP counter does not know: no MFU, training goes on
             flops = None
+        # MFU against the devices this run drives: the mesh's, else one (an XLA run without a
+        # mesh, one GPU, the CPU), not every chip the host has (a v5e-8 without a mesh uses one).
+        peak = self.hw.peak_bf16_flops_per_device
+        devices = self.mesh_spec.num_devices if self.mesh_spec is not None else 1
         return StepProfiler(
             self.hw,
             flops_per_token=flops,
+            peak_flops=peak * devices if peak else None,
             log_every=self.cfg.train.log_every,
             # after a prewarm every compile is a recompilation; without one, the first steps compile
             warmup_steps=0 if prewarmed else 3,
@@ -1007,7 +1011,7 @@ def _synthetic_batch(
 
 
 def _restore_optimizer_scalars(optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """Put back non-tensor per-parameter state (e.g. Adafactor's int step) after in-place tensor copies."""
+    """Put back non-tensor per-parameter state (e.g. a Python-number step) after in-place tensor copies."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for index, state in saved.get("state", {}).items():
         live = optimizer.state[params[int(index)]]
@@ -1025,8 +1029,13 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     saved_state = saved.get("state", {})
-    if len(params) != sum(len(g["params"]) for g in saved["param_groups"]):
-        raise ValueError("the checkpoint's optimizer has a different number of parameters than this model")
+    saved_params = sum(len(g["params"]) for g in saved["param_groups"])
+    if len(params) != saved_params or len(optimizer.param_groups) != len(saved["param_groups"]):
+        raise ValueError(
+            f"the checkpoint's optimizer holds {saved_params} parameters in {len(saved['param_groups'])} "
+            f"groups; this model's holds {len(params)} in {len(optimizer.param_groups)}: "
+            "resume with the model and optimizer settings the checkpoint was written with"
+        )
     with torch.no_grad():
         for index, state in saved_state.items():
             live = optimizer.state[params[int(index)]]
@@ -1046,11 +1055,6 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
 def train(cfg: WorkbenchConfig, callbacks: Sequence[Callback] = (), **kwargs: Any) -> TrainResult:
     """Build everything from `cfg` and train: the one-call entry point."""
     return Trainer(cfg, callbacks=callbacks, **kwargs).fit()
-
-
-def optimizer_tensors(trainer: Trainer) -> list[torch.Tensor]:
-    """All optimizer state tensors of a trainer (tests and the memory report use it)."""
-    return optimizer_state_tensors(trainer.optimizer)
 
 
 __all__ = [

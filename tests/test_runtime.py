@@ -1,0 +1,51 @@
+"""The runtime seam's look-only checks: they must answer without importing torch_xla."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from workbench import runtime
+
+
+def _pci_device(root: Path, name: str, vendor: str, device: str) -> None:
+    entry = root / name
+    entry.mkdir(parents=True)
+    (entry / "vendor").write_text(vendor + "\n")
+    (entry / "device").write_text(device + "\n")
+
+
+def test_tpu_chips_are_counted_from_the_pci_bus(tmp_path: Path) -> None:
+    _pci_device(tmp_path, "0000:00:04.0", "0x1ae0", "0x0063")  # a v5e chip
+    _pci_device(tmp_path, "0000:00:05.0", "0x1ae0", "0x0063")
+    _pci_device(tmp_path, "0000:00:06.0", "0x1ae0", "0x0042")  # gVNIC: Google's, but a network card
+    _pci_device(tmp_path, "0000:00:07.0", "0x10de", "0x2330")  # an NVIDIA H100
+    (tmp_path / "0000:00:08.0").mkdir()  # a device whose files cannot be read
+    assert runtime.tpu_pci_chips(tmp_path) == 2
+    assert runtime.tpu_pci_chips(tmp_path / "missing") == 0
+
+
+def test_tpu_present_sees_chips_without_any_tpu_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("PJRT_DEVICE", "TPU_ACCELERATOR_TYPE", "TPU_NAME", "COLAB_TPU_ADDR", "TPU_WORKER_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("TPU_SKIP_MDS_QUERY", raising=False)
+    monkeypatch.setattr(runtime.os, "listdir", lambda path: [])
+    monkeypatch.setattr(runtime.os.path, "isdir", lambda path: False)
+    monkeypatch.setattr(runtime, "tpu_pci_chips", lambda: 4)
+    assert runtime.tpu_present()
+    monkeypatch.setattr(runtime, "tpu_pci_chips", lambda: 0)
+    assert not runtime.tpu_present()
+
+
+def test_looking_imports_no_torch_xla() -> None:
+    code = (
+        "import sys; from workbench import runtime; "
+        "runtime.tpu_present(); runtime.xla_installed(); runtime.env_requests_xla(); "
+        "print('torch_xla' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
