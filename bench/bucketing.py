@@ -214,7 +214,8 @@ def print_part_one(result: dict) -> None:
 
 
 MODES = {
-    "no padding": ["bucketing.strategy=none"],
+    # each batch padded to its own longest member, exactly (no rounding to a multiple)
+    "no padding": ["bucketing.strategy=none", "bucketing.multiple_of=1"],
     "pad-to-max": ["bucketing.strategy=max"],
     "optimal-4 buckets": [
         "bucketing.strategy=optimal",
