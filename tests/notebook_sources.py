@@ -30,8 +30,9 @@ import sys
 from pathlib import Path
 
 # Where pip gets the project on a hosted runtime; set WORKBENCH_PIP_SPEC to use a fork or a wheel.
-# No `xla-cpu` extra: Colab and Kaggle TPU images ship a matched torch / torch_xla pair.
-PIP_SPEC = os.environ.get("WORKBENCH_PIP_SPEC", "xla-workbench[notebook] @ git+https://github.com/xla-workbench/xla-workbench")
+# No `xla-cpu` extra: Colab and Kaggle TPU images ship a matched torch / torch_xla pair. `widgets`, not
+# `notebook`: the running kernel needs the UI libraries only, not a second Jupyter over the runtime's own.
+PIP_SPEC = os.environ.get("WORKBENCH_PIP_SPEC", "xla-workbench[widgets] @ git+https://github.com/xla-workbench/xla-workbench")
 
 if importlib.util.find_spec("workbench") is None:
     checkout = next((p for p in (Path.cwd(), *Path.cwd().parents) if (p / "workbench" / "__init__.py").exists()), None)
@@ -135,9 +136,9 @@ panel"""
         """\
 from widgets import Dashboard
 
-cfg = panel.config
-if panel.target.num_devices != hw.num_devices:  # the panel planned for other hardware: train on this one
-    cfg = cfg.with_overrides({"mesh.enabled": hw.num_devices > 1, "mesh.data": -1, "mesh.fsdp": 1, "mesh.model": 1})
+# What the panel shows, on this machine's devices (the panel may have planned for other hardware);
+# an error here means the panel's settings are not valid: fix them above and rerun this cell.
+cfg = panel.config_for(hw)
 dash = Dashboard(total_steps=cfg.train.steps, title="Quickstart — tiny causal LM")
 dash"""
     ),
@@ -192,8 +193,10 @@ from workbench.sharding import MeshSpec, mesh_preset
 
 hw = detect("xla") if runtime.xla_installed() else detect()
 requested = MeshSpec(data=data, fsdp=fsdp, model=model_parallel)
-# The requested mesh when it matches the devices; otherwise the preset for this hardware.
-spec = requested if requested.num_devices == hw.num_devices else mesh_preset(hw)
+# The requested mesh when it matches the devices; otherwise the preset for this hardware. None
+# without torch_xla driving the devices: only XLA's SPMD applies a mesh.
+matches = hw.via_xla and requested.num_devices == hw.num_devices
+spec = mesh_preset(hw, requested if matches else None)
 print(hw.device_kind, hw.num_devices, "device(s); mesh:", spec)"""
     ),
     md(
@@ -201,8 +204,6 @@ print(hw.device_kind, hw.num_devices, "device(s); mesh:", spec)"""
     ),
     code(
         """\
-import warnings
-
 from workbench.models import build_model
 from workbench.sharding import plan_sharding, rules_for
 
@@ -230,7 +231,7 @@ if spec is not None:
             "mesh.data": spec.data,
             "mesh.fsdp": spec.fsdp,
             "mesh.model": spec.model,
-            "train.device_type": "xla",
+            "train.device_type": hw.device_string,  # "xla": a mesh exists only under XLA
             "train.steps": steps,
             "train.log_every": max(1, steps // 2),
             "train.batch_size": 2 * spec.dp_size,  # two sequences per data-parallel shard
@@ -239,7 +240,7 @@ if spec is not None:
             "bucketing.max_buckets": max_buckets,
         }
     )
-    trainer = Trainer(run_cfg)
+    trainer = Trainer(run_cfg, hardware=hw)
     print(trainer.sharding_report.table(max_rows=12))
     result = trainer.fit()
     print(f"loss {result.final_loss:.4f}; compiles after warm-up: {result.compiles_after_warmup}")
@@ -354,19 +355,15 @@ max_examples = None  # cap the corpus (None: all of it)"""
 from widgets.config_panel import MODEL_PRESETS, TARGETS
 from workbench import WorkbenchConfig, detect, memory
 
-big = WorkbenchConfig().with_overrides({f"model.{k}": v for k, v in MODEL_PRESETS["Llama-3.2-1B shape"].items()}).model
+# The presets leave the vocabulary to the tokenizer a run trains with; the real model's is 128256.
+shape = {**MODEL_PRESETS["Llama-3.2-1B shape"], "vocab_size": 128256}
+big = WorkbenchConfig().with_overrides({f"model.{k}": v for k, v in shape.items()}).model
 est = memory.estimate(big, batch_size=8, seq_len=seq_len, precision="bf16-mixed")
 print(est.table())
 print()
-print(f"{'target':<10} {'GiB/device':>10} {'fits b=8':>9} {'largest batch':>14}")
-for name in ("v5e-1", "v5e-8", "v6e-1", "v4-8", "T4", "A100-40GB", "H100"):
-    t = TARGETS[name]
-    mesh = {"data": 1, "fsdp": t.num_devices, "model": 1}  # FSDP over the whole slice
-    b = 8 if 8 % t.num_devices == 0 else t.num_devices
-    e = memory.estimate(big, batch_size=b, seq_len=seq_len, precision="bf16-mixed", mesh=mesh)
-    largest = memory.max_batch_size(big, seq_len=seq_len, memory_bytes=t.memory_per_device_bytes,
-                                    multiple_of=t.num_devices, precision="bf16-mixed", mesh=mesh)
-    print(f"{name:<10} {e.total_gib:>10.2f} {str(e.fits(t.memory_per_device_bytes)):>9} {largest:>14}")"""
+targets = {name: TARGETS[name] for name in ("v5e-1", "v5e-8", "v6e-1", "v4-8", "T4", "A100-40GB", "H100")}
+rows = memory.fit_across_targets(big, targets, batch_size=8, seq_len=seq_len, precision="bf16-mixed")
+print(memory.format_table(rows))"""
     ),
     code(
         """\
@@ -414,6 +411,7 @@ for example in train_ds.select(range(steps)):
     metrics = profiler.step(ids.numel(), loss=loss)  # reads the loss only at log steps
     if metrics is not None:
         naive(metrics)
+naive.flush()  # draw the points that arrived inside the last throttle interval
 for advice in profiler.advice():
     print("-", advice)"""
     ),

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from widgets.config_panel import TARGETS, ConfigPanel, measure_redraw, mesh_factorisations
+from widgets.config_panel import MODEL_PRESETS, TARGETS, ConfigPanel, measure_redraw, mesh_factorisations
 from workbench import memory
-from workbench.config import WorkbenchConfig
+from workbench.config import ConfigError, WorkbenchConfig
+from workbench.hardware import CHIPS, HardwareInfo
+
+GiB = 1024**3
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
@@ -187,3 +190,117 @@ def test_one_change_redraws_in_under_100_ms(panel):
     (ARTIFACTS / "config_panel_redraw.json").write_text(json.dumps(record, indent=2))
     print("config panel redraw (ms):", record)
     assert statistics.median(times) < 100, record
+
+
+def _hardware(backend: str, via_xla: bool, chip: str, num_devices: int) -> HardwareInfo:
+    spec = CHIPS.get(chip)  # None for "cpu": no device memory figure
+    return HardwareInfo(
+        backend=backend,
+        via_xla=via_xla,
+        device_kind=chip,
+        chip=chip,
+        num_devices=num_devices,
+        local_devices=num_devices,
+        num_processes=1,
+        process_index=0,
+        memory_per_device_bytes=None if spec is None else spec.hbm_bytes // spec.devices_per_chip,
+        peak_bf16_flops_per_device=None,
+        host_memory_bytes=32 * GiB,
+        platform="kaggle",
+    )
+
+
+def test_detected_gpus_without_xla_are_planned_as_one_device(lengths):
+    # Kaggle T4 x2 without torch_xla: the trainer applies no mesh and runs the batch on one GPU.
+    t4x2 = _hardware("cuda", via_xla=False, chip="t4", num_devices=2)
+    panel = ConfigPanel(WorkbenchConfig(), target=t4x2, lengths=lengths)
+    assert panel.target.num_devices == 1 and "1 of 2" in panel.target.label
+    assert [value for _, value in panel.mesh.options] == [(1, 1, 1)]
+    assert panel.config.mesh.enabled is False
+    # ... so the estimate is for the whole batch on one device.
+    cfg = panel.config
+    alone = memory.estimate(
+        cfg.model, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length, precision=cfg.train.precision
+    )
+    assert panel.estimate.total_bytes == alone.total_bytes
+    assert panel.config_for(t4x2).to_dict() == cfg.to_dict()
+    # Under XLA every device is in the mesh.
+    v5e4 = _hardware("tpu", via_xla=True, chip="v5e", num_devices=4)
+    assert ConfigPanel(WorkbenchConfig(), target=v5e4, lengths=lengths).target.num_devices == 4
+
+
+def test_config_for_adapts_the_mesh_and_refuses_an_invalid_panel(panel):
+    panel.set(mesh=(2, 4, 1), batch_size=16)
+    on_slice = panel.config_for(_hardware("tpu", via_xla=True, chip="v5e", num_devices=8))
+    assert (on_slice.mesh.enabled, on_slice.mesh.data, on_slice.mesh.fsdp) == (True, 2, 4)
+    # Trained on another machine than the panel planned for: the mesh follows that machine.
+    on_cpu = panel.config_for(_hardware("cpu", via_xla=False, chip="cpu", num_devices=1))
+    assert on_cpu.mesh.enabled is False and on_cpu.train.batch_size == 16
+    on_v4 = panel.config_for(_hardware("tpu", via_xla=True, chip="v4", num_devices=4))
+    assert (on_v4.mesh.enabled, on_v4.mesh.data, on_v4.mesh.fsdp, on_v4.mesh.model) == (True, -1, 1, 1)
+    panel.batch_size.value = 12  # does not split over data x fsdp = 8
+    with pytest.raises(ConfigError, match="multiple of 8"):
+        panel.config_for(_hardware("tpu", via_xla=True, chip="v5e", num_devices=8))
+
+
+def test_a_failing_redraw_keeps_config_and_yaml_and_shows_the_error(panel, monkeypatch):
+    before, yaml_before, shown_before = panel.config, panel.yaml, panel.yaml_html.value
+    seen = []
+    panel.on_change(seen.append)
+
+    def broken_draw(*args, **kwargs):
+        raise RuntimeError("plotly went away")
+
+    monkeypatch.setattr(panel, "_draw", broken_draw)
+    panel.set(batch_size=32)  # no exception escapes the observer
+    assert panel.config is before and panel.yaml == yaml_before and panel.yaml_html.value == shown_before
+    assert panel.error == "RuntimeError: plotly went away"
+    assert "plotly went away" in panel.error_html.value and not seen
+    monkeypatch.undo()
+    panel.set(batch_size=24)
+    assert panel.error is None and panel.config.train.batch_size == 24 and seen
+
+
+def test_an_unreadable_pretrained_path_is_shown_not_raised(tmp_path, lengths):
+    cfg = WorkbenchConfig().with_overrides({"model.pretrained_path": str(tmp_path / "no-such-checkpoint")})
+    panel = ConfigPanel(cfg, target="v5e-1", lengths=lengths)
+    assert panel.error and panel.error.startswith("OSError: ")
+    assert "no-such-checkpoint" in panel.error_html.value
+    with pytest.raises(ConfigError, match="no-such-checkpoint"):
+        panel.config_for(_hardware("tpu", via_xla=True, chip="v5e", num_devices=1))
+
+
+def test_presets_leave_the_vocabulary_to_the_tokenizer(panel):
+    assert all("vocab_size" not in preset for preset in MODEL_PRESETS.values())
+    base_vocab = panel.config.model.vocab_size
+    panel.set(model_size="Llama-3.2-1B shape")
+    assert panel.config.model.hidden_size == 2048 and panel.config.model.vocab_size == base_vocab
+
+
+def test_a_pretrained_model_fixes_the_model_size(tmp_path, lengths):
+    import transformers as tf
+
+    checkpoint = tmp_path / "checkpoint"
+    tf.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=1000,
+    ).save_pretrained(checkpoint)  # fmt: skip
+    cfg = WorkbenchConfig().with_overrides({"model.pretrained_path": str(checkpoint)})
+    panel = ConfigPanel(cfg, target="v5e-1", lengths=lengths)
+    assert panel.error is None and panel.model_size.disabled
+    with pytest.raises(ValueError, match="pretrained_path"):
+        panel.set(model_size="Llama-2-7B shape")
+    assert panel.config.model.hidden_size == cfg.model.hidden_size
+    # The estimate is the checkpoint's own shape (its vocabulary), not the config's size fields.
+    own = tf.LlamaConfig.from_pretrained(checkpoint)
+    assert panel.estimate.num_parameters == memory.model_shape(own).num_parameters
+    logits = memory.estimate(
+        own, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length, precision=cfg.train.precision
+    ).breakdown["logits"]
+    assert panel.estimate.breakdown["logits"] == logits
+
+
+def test_redraw_times_are_bounded(panel):
+    for _ in range(120):
+        panel.refresh()
+    assert len(panel.redraw_ms) == 100

@@ -172,3 +172,16 @@ def test_warmup_compiles_are_drawn_at_step_zero():
     assert list(dash.trace("compiles").x) == [0, 5, 10]
     assert list(dash.trace("compiles").y) == [6, 0, 0]
     assert dash.summary()["warmup_compiles"] == 6
+
+
+def test_warmup_compiles_come_from_the_run_not_the_process():
+    # A second run in the same kernel: the process has compiled 40 programs, this run's prewarm 5.
+    dash = Dashboard(min_interval_s=0)
+    dash(metrics(5, compiles=0, total_compiles=40, warmup_compiles=5))
+    dash(metrics(10, compiles=0, total_compiles=40, warmup_compiles=5))
+    assert list(dash.trace("compiles").y) == [5, 0, 0]
+    assert dash.summary()["warmup_compiles"] == 5
+    # A run that compiled nothing up front draws no step-0 point, whatever the process did before.
+    cold = Dashboard(min_interval_s=0)
+    cold(metrics(5, compiles=0, total_compiles=40, warmup_compiles=0))
+    assert list(cold.trace("compiles").x) == [5] and cold.summary()["warmup_compiles"] == 0

@@ -6,6 +6,8 @@ check what the demo does around it (parameters, outputs, the failing-cell messag
 
 from __future__ import annotations
 
+import subprocess
+
 import nbformat
 import pytest
 
@@ -63,3 +65,30 @@ def test_demo_reports_the_failing_cell(tmp_path, capsys):
 def test_demo_without_the_notebook_says_so(tmp_path, capsys):
     assert demo.run_demo(tmp_path, notebook=tmp_path / "missing.ipynb") == 1
     assert "not found" in capsys.readouterr().err
+
+
+def _fake_chromium(tmp_path, monkeypatch, script: str) -> None:
+    fake = tmp_path / "chromium"
+    fake.write_text(f"#!/bin/sh\n{script}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(demo, "find_chromium", lambda: str(fake))
+
+
+def test_a_crashing_chromium_skips_the_screenshot(tmp_path, monkeypatch, capsys):
+    _fake_chromium(tmp_path, monkeypatch, "echo 'Trace/breakpoint trap' >&2; exit 133")
+    page = tmp_path / "page.html"
+    page.write_text("<html><body>report</body></html>")
+    assert demo.screenshot_html(page, tmp_path / "shot.png") is False
+    err = capsys.readouterr().err
+    assert "exited with status 133" in err and "Trace/breakpoint trap" in err
+
+
+def test_a_hanging_chromium_skips_the_screenshot(tmp_path, monkeypatch, capsys):
+    _fake_chromium(tmp_path, monkeypatch, "exit 0")
+
+    def hang(cmd, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+
+    monkeypatch.setattr(demo.subprocess, "run", hang)
+    assert demo.screenshot_html(tmp_path / "page.html", tmp_path / "shot.png") is False
+    assert "did not finish in 120 s" in capsys.readouterr().err

@@ -41,6 +41,22 @@ def test_base_dependencies_leave_torch_alone() -> None:
         assert needed in notebook
 
 
+def test_widgets_extra_is_slim_and_inside_notebook() -> None:
+    extras = _pyproject()["project"]["optional-dependencies"]
+    widgets = extras["widgets"]
+    names = {re.split(r"[<>=\[ ]", d)[0].lower() for d in widgets}
+    # What a live Colab/Kaggle kernel needs for the UI, and nothing that replaces its Jupyter.
+    assert names == {"ipywidgets", "anywidget", "plotly"}
+    assert set(widgets) <= set(extras["notebook"]), "notebook must carry widgets' pins unchanged"
+
+
+def test_notebook_install_cell_installs_the_widgets_extra() -> None:
+    from tests.notebook_sources import INSTALL
+
+    spec = re.search(r'"(xla-workbench\[[^\]]+\][^"]*)"', INSTALL).group(1)
+    assert spec.startswith("xla-workbench[widgets] @ "), spec
+
+
 def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()

@@ -13,13 +13,17 @@ v5e-8). Every change redraws, live:
 - the resulting config object (`.config`) and its YAML (`.yaml`).
 
 Redraws are cheap (the estimate is analytic, the bucket plan is cached per setting) and timed:
-`.redraw_ms` holds the time of each one.
+`.redraw_ms` holds the time of each of the last 100.
+
+`config_for(hw)` is what to train with: the panel's config adapted to the machine at hand, or an
+error when the controls describe an invalid config.
 """
 
 from __future__ import annotations
 
 import html
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args, get_type_hints
@@ -32,6 +36,7 @@ from widgets.figures import sync_state
 from workbench import memory
 from workbench.config import ConfigError, TrainConfig, WorkbenchConfig
 from workbench.hardware import CHIPS, HardwareInfo
+from workbench.sharding import format_bytes
 
 GiB = 1024**3
 
@@ -81,7 +86,10 @@ TARGETS: dict[str, Target] = {
 }
 
 
-# Model sizes offered besides the config's own model (shapes of well-known models).
+# Model sizes offered besides the config's own model (shapes of well-known models). No vocabulary
+# size: a model built from a config takes its vocabulary from the tokenizer the run uses
+# (`Trainer` builds it with ``vocab_size=len(tokenizer)``), so the preset's own vocabulary would
+# only make the logits estimate describe a model that never trains.
 def _preset(
     family: str,
     hidden: int,
@@ -89,7 +97,6 @@ def _preset(
     heads: int,
     kv_heads: int,
     mlp: int,
-    vocab: int,
     positions: int,
     tie: bool,
 ) -> dict[str, Any]:
@@ -100,19 +107,18 @@ def _preset(
         "num_heads": heads,
         "num_kv_heads": kv_heads,
         "intermediate_size": mlp,
-        "vocab_size": vocab,
         "max_position_embeddings": positions,
         "tie_word_embeddings": tie,
     }
 
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "~125M (llama, 768×12)": _preset("llama", 768, 12, 12, 12, 3072, 32000, 4096, True),
-    "~350M (llama, 1024×24)": _preset("llama", 1024, 24, 16, 16, 2816, 32000, 4096, True),
-    "Qwen2.5-0.5B shape": _preset("qwen2", 896, 24, 14, 2, 4864, 151936, 32768, True),
-    "Llama-3.2-1B shape": _preset("llama", 2048, 16, 32, 8, 8192, 128256, 8192, True),
-    "Llama-3.2-3B shape": _preset("llama", 3072, 28, 24, 8, 8192, 128256, 8192, True),
-    "Llama-2-7B shape": _preset("llama", 4096, 32, 32, 32, 11008, 32000, 4096, False),
+    "~125M (llama, 768×12)": _preset("llama", 768, 12, 12, 12, 3072, 4096, True),
+    "~350M (llama, 1024×24)": _preset("llama", 1024, 24, 16, 16, 2816, 4096, True),
+    "Qwen2.5-0.5B shape": _preset("qwen2", 896, 24, 14, 2, 4864, 32768, True),
+    "Llama-3.2-1B shape": _preset("llama", 2048, 16, 32, 8, 8192, 8192, True),
+    "Llama-3.2-3B shape": _preset("llama", 3072, 28, 24, 8, 8192, 8192, True),
+    "Llama-2-7B shape": _preset("llama", 4096, 32, 32, 32, 11008, 4096, False),
 }
 OWN_MODEL = "as configured"
 
@@ -129,15 +135,6 @@ BREAKDOWN_COLORS = {
     "param_casts": "#7f7f7f",
     "grad_accum_buffer": "#bcbd22",
 }
-
-
-def format_bytes(n: float) -> str:
-    """'1.23 GiB', '45.6 MiB', '789 KiB': three significant digits in the largest unit that fits."""
-    for unit, size in (("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            value = n / size
-            return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
-    return f"{int(n)} B"
 
 
 def mesh_factorisations(num_devices: int) -> list[tuple[int, int, int]]:
@@ -179,12 +176,25 @@ def resolve_target(target: str | Target | HardwareInfo) -> Target:
     return TARGETS[target]
 
 
+def training_devices(hw: HardwareInfo) -> int:
+    """How many devices a `Trainer` spreads a run over on `hw`.
+
+    Only torch_xla SPMD applies a mesh: without XLA (CUDA, plain CPU) the trainer runs the
+    whole batch on one device however many there are (a Kaggle T4 x2 trains on one T4).
+    """
+    return hw.num_devices if hw.via_xla else 1
+
+
 def _target_from_hardware(hw: HardwareInfo) -> Target:
+    devices = training_devices(hw)
     # Plain CPU has no device memory figure: the host's memory is what a CPU run can use.
     mem = hw.memory_per_device_bytes
     if mem is None and hw.backend == "cpu":
-        mem = hw.host_memory_bytes // max(1, hw.num_devices)
-    return Target(f"detected {hw.chip}", hw.chip, hw.num_devices, mem)
+        mem = hw.host_memory_bytes // max(1, devices)
+    name = f"detected {hw.chip}"
+    if devices != hw.num_devices:
+        name += f", 1 of {hw.num_devices} used (no XLA mesh)"
+    return Target(name, hw.chip, devices, mem)
 
 
 class ConfigPanel:
@@ -209,7 +219,8 @@ class ConfigPanel:
     ) -> None:
         self._base = cfg or WorkbenchConfig()
         self.headroom = headroom
-        self.redraw_ms: list[float] = []
+        # Bounded: a panel left open for a long session must not grow without limit.
+        self.redraw_ms: deque[float] = deque(maxlen=100)
         self._callbacks: list[Callable[[WorkbenchConfig], None]] = []
         self._plan_cache: dict[tuple[Any, ...], Any] = {}
         self._config: WorkbenchConfig = self._base
@@ -254,12 +265,16 @@ class ConfigPanel:
             style=style,
             layout=wide,
         )
+        pretrained = cfg.model.pretrained_path
         self.model_size = ipw.Dropdown(
             options=[OWN_MODEL, *MODEL_PRESETS],
             value=OWN_MODEL,
             description="Model size",
             style=style,
             layout=wide,
+            # A checkpoint's own config decides its shape: a preset would change the YAML, not the run.
+            disabled=bool(pretrained),
+            tooltip=f"fixed by model.pretrained_path={pretrained}" if pretrained else "",
         )
         self.batch_size = ipw.IntSlider(
             value=cfg.train.batch_size,
@@ -453,7 +468,8 @@ class ConfigPanel:
 
         b = cfg.bucketing
         # "none" (pad each batch to its longest) and packing have no boundaries to preview:
-        # show what the planned buckets would be.
+        # show what the planned buckets would be. (So not `bucketing.plan_for_config`, which
+        # returns None for those.)
         strategy = b.strategy if b.strategy in bucketing.STRATEGIES else "optimal"
         key = (b.max_buckets, b.multiple_of, cfg.data.max_length, strategy)
         if key not in self._plan_cache:
@@ -466,9 +482,32 @@ class ConfigPanel:
             )
         return self._plan_cache[key]
 
+    def config_for(self, hw: HardwareInfo) -> WorkbenchConfig:
+        """The config to train with on `hw`: the panel's, with the mesh re-planned for `hw`'s devices
+        when the panel targeted other hardware (pure data parallel over all of them).
+
+        Raises `ConfigError` with the panel's message while the controls describe an invalid
+        config: `.config` then still holds the last valid one, which is not what the panel shows.
+        """
+        if self.error is not None:
+            raise ConfigError(f"the panel's settings are not valid: {self.error}")
+        cfg = self._config
+        devices = training_devices(hw)
+        if self.target.num_devices != devices:
+            cfg = cfg.with_overrides(
+                {"mesh.enabled": devices > 1, "mesh.data": -1, "mesh.fsdp": 1, "mesh.model": 1}
+            )
+        return cfg
+
     # ---- redraw --------------------------------------------------------------------
     def refresh(self) -> None:
-        """Recompute the config, estimate, largest batch and bucket plan; redraw everything."""
+        """Recompute the config, estimate, largest batch and bucket plan; redraw everything.
+
+        Nothing is committed (`.config`, `.estimate`, ...) until the redraw has succeeded, so the
+        readouts and `.config` never disagree. A failure of any kind (an invalid setting, a
+        `pretrained_path` whose config cannot be read, ...) goes to the panel's error line instead
+        of escaping the widget observer, where it would only reach a log.
+        """
         start = time.perf_counter()
         try:
             cfg = self._compose()
@@ -477,36 +516,38 @@ class ConfigPanel:
             estimate = memory.estimate(
                 cfg.model, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length, **kwargs
             )
-        except (ConfigError, ValueError) as err:
-            self.error = str(err)
+            limit = self.target.memory_per_device_bytes
+            largest = (
+                None
+                if limit is None
+                else memory.max_batch_size(
+                    cfg.model,
+                    seq_len=cfg.data.max_length,
+                    memory_bytes=limit,
+                    headroom=self.headroom,
+                    multiple_of=self.mesh.value[0] * self.mesh.value[1],
+                    **kwargs,
+                )
+            )
+            plan = self._bucket_plan(cfg)
+            self._draw(cfg, limit, estimate, largest, plan)
+        except Exception as err:  # shown in the panel, never raised out of a widget observer
+            # A ConfigError (or ValueError) message already says what to change; others need their type.
+            self.error = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
             self.error_html.value = f"<span style='color:#d62728'>⚠ {html.escape(self.error)}</span>"
             self.fits_html.value = "<span style='color:#7f7f7f'>? fix the setting above</span>"
             self.redraw_ms.append(1000 * (time.perf_counter() - start))
             return
         self.error = None
         self._config = cfg
-        self.estimate = estimate
-        limit = self.target.memory_per_device_bytes
-        self.largest_batch = (
-            None
-            if limit is None
-            else memory.max_batch_size(
-                cfg.model,
-                seq_len=cfg.data.max_length,
-                memory_bytes=limit,
-                headroom=self.headroom,
-                multiple_of=self.mesh.value[0] * self.mesh.value[1],
-                **kwargs,
-            )
-        )
-        self.plan = self._bucket_plan(cfg)
-        self._draw(cfg, limit)
+        self.estimate, self.largest_batch, self.plan = estimate, largest, plan
         self.redraw_ms.append(1000 * (time.perf_counter() - start))
         for callback in self._callbacks:
             callback(cfg)
 
-    def _draw(self, cfg: WorkbenchConfig, limit: int | None) -> None:
-        est = self.estimate
+    def _draw(
+        self, cfg: WorkbenchConfig, limit: int | None, est: Any, largest: int | None, plan: Any
+    ) -> None:
         total = est.total_bytes
         fits = None if limit is None else est.fits(limit, headroom=self.headroom)
         where = self.target.label
@@ -520,14 +561,16 @@ class ConfigPanel:
             self.fits_html.value = "<span style='color:#2ca02c;font-weight:600'>✔ fits</span>"
         else:
             self.fits_html.value = "<span style='color:#d62728;font-weight:600'>✘ does not fit</span>"
-        if self.largest_batch is None:
+        if largest is None:
             self.max_batch_html.value = "Largest batch: unknown (no memory figure)"
-        elif self.largest_batch == 0:
+        elif largest == 0:
             self.max_batch_html.value = "Largest batch that fits: <b>none</b> (even batch 1 is too big)"
         else:
-            self.max_batch_html.value = f"Largest batch that fits: <b>{self.largest_batch}</b> (global)"
+            self.max_batch_html.value = f"Largest batch that fits: <b>{largest}</b> (global)"
         self.error_html.value = ""
-        self.yaml_html.value = f"<pre style='font-size:11px;line-height:1.2'>{html.escape(self.yaml)}</pre>"
+        self.yaml_html.value = (
+            f"<pre style='font-size:11px;line-height:1.2'>{html.escape(cfg.to_yaml())}</pre>"
+        )
 
         names = [k for k, v in est.breakdown.items() if v]
         with self.memory_figure.batch_update():
@@ -562,7 +605,6 @@ class ConfigPanel:
 
         # The figures live inside a VBox: keep their synced state current for pages that attach late.
         sync_state(self.memory_figure)
-        plan = self.plan
         if plan is None:
             self.buckets_html.value = html.escape(self._lengths_error or "")
             return
@@ -648,6 +690,11 @@ class ConfigPanel:
                 raise ValueError(f"unknown control {key!r}; controls: {', '.join(names)}")
             if key == "target":
                 value = resolve_target(value)
+            if key == "model_size" and self.model_size.disabled and value != OWN_MODEL:
+                raise ValueError(
+                    f"model_size={value!r} is not allowed: the shape comes from "
+                    f"model.pretrained_path={self._base.model.pretrained_path!r}"
+                )
             if key == "mesh":
                 value = tuple(value)
                 allowed = [v for _, v in self.mesh.options]
@@ -670,4 +717,12 @@ def measure_redraw(panel: ConfigPanel, changes: Iterable[dict[str, Any]]) -> lis
     return out
 
 
-__all__ = ["MODEL_PRESETS", "TARGETS", "ConfigPanel", "Target", "measure_redraw", "mesh_factorisations"]
+__all__ = [
+    "MODEL_PRESETS",
+    "TARGETS",
+    "ConfigPanel",
+    "Target",
+    "measure_redraw",
+    "mesh_factorisations",
+    "training_devices",
+]

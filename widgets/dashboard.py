@@ -164,11 +164,6 @@ class Dashboard:
             base.update_yaxes(rangemode="tozero", row=row, col=col)
         return go.FigureWidget(base)
 
-    @property
-    def figures(self) -> dict[str, go.FigureWidget]:
-        """The widgets this dashboard displays, by name (one figure holding all panels)."""
-        return {"training": self.figure}
-
     def trace(self, name: str) -> Any:
         """The figure's trace called `name` (e.g. 'tokens/s', 'recompilation')."""
         for trace in self.figure.data:
@@ -227,6 +222,12 @@ class Dashboard:
     def _warmup_compiles(rows: list[dict[str, Any]]) -> int:
         if not rows:
             return 0
+        # The trainer says how many programs its own prewarm compiled. "total_compiles" counts the
+        # whole process, so a second run in the same kernel would claim the first run's compiles.
+        warm = rows[0].get("warmup_compiles")
+        if warm is not None:
+            return int(warm)
+        # A hand-written loop feeding StepProfiler metrics has no prewarm count: derive it.
         total, first = rows[0].get("total_compiles"), rows[0].get("compiles")
         return max(0, int(total) - int(first or 0)) if total is not None else 0
 

@@ -49,29 +49,48 @@ def find_chromium() -> str | None:
 def screenshot_html(
     html_path: str | Path, png_path: str | Path, *, width: int = 1280, height: int = 1150
 ) -> bool:
-    """Screenshot a static HTML file with headless Chromium; False when no Chromium is installed."""
+    """Screenshot a static HTML file with headless Chromium.
+
+    False when no Chromium is installed or it fails (the reason is printed to stderr): the
+    screenshot is an extra, and a browser crash must not turn a successful run into an error.
+    """
     chromium = find_chromium()
     if chromium is None:
         return False
     png_path = Path(png_path).resolve()
     png_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as profile:
-        subprocess.run(
-            [
-                chromium,
-                "--headless",
-                "--hide-scrollbars",
-                *CHROMIUM_FLAGS,
-                f"--user-data-dir={profile}",
-                f"--window-size={width},{height}",
-                "--virtual-time-budget=10000",  # let plotly lay out and draw before the capture
-                f"--screenshot={png_path}",
-                Path(html_path).resolve().as_uri(),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        try:
+            subprocess.run(
+                [
+                    chromium,
+                    "--headless",
+                    "--hide-scrollbars",
+                    *CHROMIUM_FLAGS,
+                    f"--user-data-dir={profile}",
+                    f"--window-size={width},{height}",
+                    "--virtual-time-budget=10000",  # let plotly lay out and draw before the capture
+                    f"--screenshot={png_path}",
+                    Path(html_path).resolve().as_uri(),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+        except subprocess.CalledProcessError as err:
+            tail = (err.stderr or b"").decode(errors="replace").strip().splitlines()[-3:]
+            print(
+                f"screenshot skipped: {chromium} exited with status {err.returncode}"
+                + (f": {' / '.join(tail)}" if tail else ""),
+                file=sys.stderr,
+            )
+            return False
+        except subprocess.TimeoutExpired as err:
+            print(f"screenshot skipped: {chromium} did not finish in {err.timeout:.0f} s", file=sys.stderr)
+            return False
+        except OSError as err:  # e.g. the binary on PATH is not executable
+            print(f"screenshot skipped: cannot run {chromium}: {err}", file=sys.stderr)
+            return False
     return png_path.exists()
 
 
@@ -123,6 +142,8 @@ def run_demo(
         png = out / "dashboard.png"
         if screenshot_html(report, png):
             print(f"wrote {png}")
-        else:
+        elif find_chromium() is None:
             print("no chromium found: skipped the dashboard screenshot")
+        else:
+            print("chromium failed (reason above): skipped the dashboard screenshot")
     return 0
