@@ -406,3 +406,25 @@ def test_compile_memory_log_is_parsed(tmp_path, monkeypatch):
         first.peak_bytes == first.argument_bytes + first.output_bytes - first.alias_bytes + first.temp_bytes
     )
     assert second.temp_bytes > first.temp_bytes
+
+
+def test_fit_across_targets_plans_each_slice_with_fsdp_over_its_devices():
+    from types import SimpleNamespace
+
+    cfg = ModelConfig(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512)
+    gib = 1024**3
+    targets = {
+        "one chip": SimpleNamespace(num_devices=1, memory_per_device_bytes=16 * gib),
+        "eight chips": SimpleNamespace(num_devices=8, memory_per_device_bytes=16 * gib),
+        "tiny": SimpleNamespace(num_devices=1, memory_per_device_bytes=1024),
+        "unknown": SimpleNamespace(num_devices=2, memory_per_device_bytes=None),
+    }
+    rows = {r["target"]: r for r in memory.fit_across_targets(cfg, targets, batch_size=6, seq_len=128)}
+    one, eight = rows["one chip"], rows["eight chips"]
+    assert (one["batch_size"], eight["batch_size"]) == (6, 8)  # rounded up to whole sequences per device
+    single = estimate(cfg, batch_size=6, seq_len=128)
+    assert one["gib_per_device"] == round(single.total_gib, 3) and one["fits"]
+    assert eight["gib_per_device"] < one["gib_per_device"]  # FSDP spreads weights and state
+    assert eight["largest_batch"] % 8 == 0 and eight["largest_batch"] > one["largest_batch"]
+    assert rows["tiny"]["fits"] is False and rows["tiny"]["largest_batch"] == 0
+    assert rows["unknown"]["fits"] is None and rows["unknown"]["largest_batch"] is None

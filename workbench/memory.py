@@ -502,6 +502,54 @@ def estimate_table(
     return rows
 
 
+def fit_across_targets(
+    model_config: Any,
+    targets: Mapping[str, Any],
+    *,
+    batch_size: int,
+    seq_len: int,
+    headroom: float = 0.1,
+    **estimate_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """One row per target: will `model_config` train there, and how large a batch fits?
+
+    A target is anything with ``memory_per_device_bytes`` and ``num_devices`` (a `HardwareInfo`,
+    the config panel's named slices). Each is planned with FSDP over all its devices, the default
+    the workbench uses on a multi-chip slice, and `batch_size` is rounded up to a multiple of
+    the device count so every device gets whole sequences.
+    """
+    rows = []
+    for name, target in targets.items():
+        devices, limit = int(target.num_devices), target.memory_per_device_bytes
+        mesh = {"data": 1, "fsdp": devices, "model": 1}
+        batch = -(-batch_size // devices) * devices
+        est = estimate(model_config, batch_size=batch, seq_len=seq_len, mesh=mesh, **estimate_kwargs)
+        largest = (
+            max_batch_size(
+                model_config,
+                seq_len=seq_len,
+                memory_bytes=limit,
+                headroom=headroom,
+                mesh=mesh,
+                **estimate_kwargs,
+            )
+            if limit
+            else None
+        )
+        rows.append(
+            {
+                "target": name,
+                "devices": devices,
+                "batch_size": batch,
+                "gib_per_device": round(est.total_gib, 3),
+                "memory_gib": round(limit / GiB, 1) if limit else None,
+                "fits": est.fits(limit, headroom) if limit else None,
+                "largest_batch": largest,
+            }
+        )
+    return rows
+
+
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     """Rows of dicts as an aligned text table."""
     if not rows:
