@@ -192,7 +192,7 @@ def main() -> None:
     overhead, overhead_same = statistics.median(per_round), statistics.median(per_round_same)
     rows = [
         {"loop": label, "tokens/s (median)": round(medians[name]),
-         "final loss": round(runs[name][-1]["final_loss"], 4),
+         "final loss": round(runs[name][-1]["final_loss"] or float("nan"), 4),  # nan: no log step ran
          "Trainer overhead (median of paired rounds)":
              "-" if name == "trainer" else f"{statistics.median(overheads(name)) * 100:+.1f}%"}
         for name, label in (("hand", "hand-written (model .loss)"),
