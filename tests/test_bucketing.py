@@ -418,6 +418,26 @@ def test_synthetic_batch_has_the_loader_layout():
     assert batch["input_ids"].dtype == torch.long and int(batch["input_ids"].max()) < 50
 
 
+def test_synthetic_batch_follows_a_packed_template():
+    rows = pack_sequences([{"input_ids": list(range(1, 9))}, {"input_ids": list(range(1, 6))}], 16)
+    template = PackedCollator(0, 16, attention="mask4d")(rows)
+    fake = synthetic_batch((3, 16), vocab_size=50, template=template)
+    assert set(fake) == set(template)
+    assert {k: tuple(v.shape) for k, v in fake.items()} == {
+        "input_ids": (3, 16),
+        "labels": (3, 16),
+        "position_ids": (3, 16),
+        "attention_mask": (3, 1, 16, 16),
+    }
+    assert all(fake[k].dtype == template[k].dtype for k in fake)
+    assert torch.equal(fake["position_ids"][2], torch.arange(16))
+    assert torch.equal(
+        fake["attention_mask"][2], template["attention_mask"][0]
+    )  # the mask's layout, broadcast
+    again = synthetic_batch((3, 16), vocab_size=50, template=template)
+    assert torch.equal(fake["input_ids"], again["input_ids"])  # deterministic, private generator
+
+
 # ---- on XLA: packed attention and compile counts ------------------------------------------------
 
 

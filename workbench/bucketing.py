@@ -49,7 +49,7 @@ from __future__ import annotations
 import bisect
 import math
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -713,13 +713,45 @@ def prewarm(
 
 
 def synthetic_batch(
-    shape: tuple[int, int], *, vocab_size: int, pad_token_id: int = 0, seed: int = 0
+    shape: tuple[int, int],
+    *,
+    vocab_size: int,
+    pad_token_id: int = 0,
+    seed: int = 0,
+    template: Mapping[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """A bucketed host batch of `shape` with random ids (for `prewarm`); all tokens real."""
+    """A host batch of `shape` (batch, length) with random ids, all tokens real, for `prewarm`.
+
+    Without `template`: ``input_ids``, ``attention_mask`` and ``labels``, the layout of
+    `BucketCollator`. With one (a real batch from the loader in use), the template's keys,
+    dtypes and extra dimensions: ``position_ids`` count up, a packed 4-D attention mask is the
+    template's first row broadcast to the new shape, so the compiled program is the loop's own.
+    Ids come from a private generator: prewarming does not move the training RNG.
+    """
     rows, length = int(shape[0]), int(shape[1])
     gen = torch.Generator().manual_seed(seed * 1_000_003 + rows * 10_007 + length)
     ids = torch.randint(0, vocab_size, (rows, length), generator=gen)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    if template is None:
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    t_len = template["input_ids"].shape[1]
+    out: dict[str, torch.Tensor] = {}
+    for key, value in template.items():
+        dims = [rows if i == 0 else (length if d == t_len else d) for i, d in enumerate(value.shape)]
+        if key == "input_ids":
+            out[key] = ids.to(value.dtype)
+        elif key == "labels":
+            out[key] = ids.clone().to(value.dtype)
+        elif key == "position_ids":
+            out[key] = torch.arange(length).expand(rows, length).contiguous().to(value.dtype)
+        elif key == "attention_mask" and value.dim() == 2:
+            out[key] = torch.ones(rows, length, dtype=value.dtype)
+        else:  # e.g. a 4-D packed attention mask: the template's first entry, broadcast to the new shape
+            sample = value.detach().to("cpu")
+            base = sample[tuple(slice(0, 1) if i == 0 else slice(None) for i in range(sample.dim()))]
+            if base.shape[1:] != tuple(dims[1:]):
+                base = torch.zeros([1, *dims[1:]], dtype=value.dtype)
+            out[key] = base.expand(*dims).contiguous()
+    return out
 
 
 # ---- the training loader ----------------------------------------------------------------------

@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from workbench import runtime
+from workbench.bucketing import prewarm, synthetic_batch
 from workbench.checkpoint import CheckpointManager, capture_rng, restore_rng
 from workbench.config import WorkbenchConfig
 from workbench.distill import (
@@ -629,22 +630,23 @@ class Trainer:
         self._open_stream()  # put it back: the real stream restarts at the same position
         vocab = int(self.model.get_input_embeddings().weight.shape[0])
         snapshot = self._snapshot()
+
+        def make_batch(shape: tuple[int, int]) -> dict[str, torch.Tensor]:
+            fake = synthetic_batch(shape, vocab_size=vocab, pad_token_id=self.pad_token_id, template=template)
+            return self._to_device_like_loader(fake)
+
+        def train_step(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return self.train_step([batch] * self.cfg.train.grad_accum)
+
         while True:
             try:
                 for batch_size in self._batch_ladder:
                     shapes = self._shapes_for(batch_size) or [tuple(template["input_ids"].shape[:2])]
-                    for shape in shapes:
-                        fake = _synthetic_batch(template, shape, vocab, self.pad_token_id)
-                        device_batch = self._to_device_like_loader(fake)
-                        out = self.train_step([device_batch] * self.cfg.train.grad_accum)
-                        self._sync()  # `out` alive across the sync, as in the loop: same program outputs
-                        del out
+                    prewarm(train_step, shapes, make_batch)
                     if self.cfg.train.eval_every and self.eval_dataset is not None:
                         # the eval split has its own bucket plan: compile its forward shapes too
-                        for shape in self._shapes_for(batch_size, self.eval_dataset):
-                            fake = _synthetic_batch(template, shape, vocab, self.pad_token_id)
-                            self._eval_over([self._to_device_like_loader(fake)])
-                runtime.wait_device_ops()
+                        eval_shapes = self._shapes_for(batch_size, self.eval_dataset)
+                        prewarm(lambda batch: self._eval_over([batch]), eval_shapes, make_batch)
                 break
             except Exception as err:
                 if not _is_oom_error(err) or not self._can_split():
@@ -976,38 +978,6 @@ def _pad_id(tokenizer: Any) -> int:
     if pad is None:
         pad = getattr(tokenizer, "eos_token_id", None)
     return int(pad) if pad is not None else 0
-
-
-def _synthetic_batch(
-    template: dict[str, torch.Tensor], shape: Sequence[int], vocab: int, pad_id: int
-) -> dict[str, torch.Tensor]:
-    """A host batch of `shape` (batch, length) with the template's keys, dtypes and extra dims.
-
-    Token ids are drawn from a private generator, so prewarm does not move the training RNG.
-    """
-    rows, length = int(shape[0]), int(shape[1])
-    t_len = template["input_ids"].shape[1]
-    gen = torch.Generator().manual_seed(rows * 100003 + length)
-    ids = torch.randint(0, vocab, (rows, length), generator=gen)
-    out: dict[str, torch.Tensor] = {}
-    for key, value in template.items():
-        dims = [rows if i == 0 else (length if d == t_len else d) for i, d in enumerate(value.shape)]
-        if key == "input_ids":
-            out[key] = ids.to(value.dtype)
-        elif key == "labels":
-            out[key] = ids.clone().to(value.dtype)
-        elif key == "position_ids":
-            out[key] = torch.arange(length).expand(rows, length).contiguous().to(value.dtype)
-        elif key == "attention_mask" and value.dim() == 2:
-            out[key] = torch.ones(rows, length, dtype=value.dtype)
-        else:  # e.g. a 4-D packed attention mask: the template's first entry, broadcast to the new shape
-            sample = value.detach().to("cpu")
-            index = tuple(slice(0, 1) if i == 0 else slice(None) for i in range(sample.dim()))
-            base = sample[index]
-            if base.shape[1:] != tuple(dims[1:]):
-                base = torch.zeros([1, *dims[1:]], dtype=value.dtype)
-            out[key] = base.expand(*dims).contiguous()
-    return out
 
 
 def _restore_optimizer_scalars(optimizer: torch.optim.Optimizer, saved: dict) -> None:
