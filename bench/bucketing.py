@@ -46,7 +46,8 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from workbench.bucketing import packing_efficiency, plan_buckets  # noqa: E402
+from workbench.data.buckets import plan_buckets  # noqa: E402
+from workbench.data.collate import packing_efficiency  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "bucketing.json"
 _MARK = "__MODE_RESULT__"
@@ -57,14 +58,14 @@ _MARK = "__MODE_RESULT__"
 
 def _tokenizer(cache_dir: str | None):
     from workbench.config import DataConfig
-    from workbench.data import get_tokenizer
+    from workbench.data.tokenizer import get_tokenizer
 
     return get_tokenizer(DataConfig(), cache_dir=cache_dir)
 
 
 def corpus_lengths(tokenizer) -> np.ndarray:
     from workbench.config import DataConfig
-    from workbench.data import load_records, tokenize_records
+    from workbench.data.records import load_records, tokenize_records
 
     cfg = DataConfig()
     return np.asarray(tokenize_records(load_records(cfg), tokenizer, cfg)["length"])
@@ -72,7 +73,7 @@ def corpus_lengths(tokenizer) -> np.ndarray:
 
 def chat_lengths(tokenizer) -> np.ndarray:
     from workbench.config import DataConfig
-    from workbench.data import load_records, tokenize_records
+    from workbench.data.records import load_records, tokenize_records
 
     cfg = DataConfig(source="chat-sample")
     return np.asarray(tokenize_records(load_records(cfg), tokenizer, cfg)["length"])
@@ -229,10 +230,10 @@ MODES = {
 def train_mode(name: str, overrides: list[str], train_ds, tokenizer, budget: int) -> dict:
     import torch
 
-    from workbench import runtime
-    from workbench.bucketing import make_loader
+    from workbench.backend import runtime
     from workbench.config import WorkbenchConfig
-    from workbench.models import build_model
+    from workbench.data.loader import make_loader
+    from workbench.models.build import build_model
 
     cfg = WorkbenchConfig().with_overrides(["train.batch_size=8", "data.max_length=256", *overrides])
     dev = runtime.device()
@@ -287,7 +288,7 @@ def run_one_mode(name: str, budget: int, cache_dir: str | None) -> dict:
     import datasets
 
     from workbench.config import WorkbenchConfig
-    from workbench.data import build_datasets
+    from workbench.data.records import build_datasets
 
     datasets.disable_progress_bars()
     cfg = WorkbenchConfig().with_overrides(["data.eval_fraction=0"])

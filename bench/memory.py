@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from workbench.analysis.estimate import estimate
+from workbench.analysis.probe import compiled_step_memory
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -76,13 +79,13 @@ def model_config(row: dict):
 
 def worker(rows: list[dict]) -> None:
     """Runs inside the subprocess: measure each row, print one JSON line per row."""
-    from workbench import memory, runtime
+    from workbench.backend import runtime
 
     if any(r["fsdp"] > 1 for r in rows):
         runtime.use_spmd()
     for row in rows:
         t0 = time.perf_counter()
-        measured = memory.compiled_step_memory(
+        measured = compiled_step_memory(
             model_config(row),
             batch_size=row["batch"],
             seq_len=row["length"],
@@ -90,7 +93,7 @@ def worker(rows: list[dict]) -> None:
             fsdp=row["fsdp"],
         )
         mesh = {"data": 1, "fsdp": row["fsdp"], "model": 1}
-        est = memory.estimate(
+        est = estimate(
             model_config(row),
             batch_size=row["batch"],
             seq_len=row["length"],
@@ -148,7 +151,7 @@ def main() -> None:
         return
     rows = matrix(args.quick)
     results = run_group([r for r in rows if r["fsdp"] == 1]) + run_group([r for r in rows if r["fsdp"] > 1])
-    from workbench.memory import format_table
+    from workbench.analysis.tables import format_table
 
     table = [
         {

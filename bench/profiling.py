@@ -43,12 +43,13 @@ def main() -> None:
 
     import torch
 
-    from workbench import runtime
+    from workbench.analysis.flops import training_flops_per_token
+    from workbench.analysis.profiler import StepProfiler
+    from workbench.analysis.tables import format_table
+    from workbench.backend import runtime
+    from workbench.backend.hardware import detect
     from workbench.config import ModelConfig
-    from workbench.hardware import detect
-    from workbench.memory import format_table
-    from workbench.models import build_model
-    from workbench.profiling import StepProfiler, training_flops_per_token
+    from workbench.models.build import build_model
 
     hw = detect("xla")
     dev = runtime.device()

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from workbench import runtime
+from workbench.backend import runtime
 from workbench.config import ModelConfig
-from workbench.models import build_model
+from workbench.models.build import build_model
 
 MESHES = [
     {"data": 1, "fsdp": 8, "model": 1},
@@ -68,7 +68,8 @@ def local_bytes(tensor: torch.Tensor) -> int:
 
 
 def train_and_measure(spec: dict[str, int] | None) -> dict:
-    from workbench.sharding import MeshSpec, move_model, shard_batch, shard_model
+    from workbench.parallel.apply import move_model, shard_batch, shard_model
+    from workbench.parallel.mesh import MeshSpec
 
     model = build_model(MODEL, seed=0)
     ids = torch.randint(0, MODEL.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
@@ -156,7 +157,7 @@ def main() -> None:
         print(json.dumps(train_and_measure(None)))
         return
 
-    from workbench.sharding import ensure_spmd
+    from workbench.parallel.mesh import ensure_spmd
 
     single_s = single_device_step_s()
     ensure_spmd()

@@ -50,10 +50,10 @@ def hand_loop(cfg, train_ds, tokenizer, steps: int, log_every: int, *, token_mea
     """
     import torch
 
-    from workbench import runtime
-    from workbench.bucketing import make_loader
-    from workbench.models import build_model
-    from workbench.optim import lr_multiplier
+    from workbench.backend import runtime
+    from workbench.data.loader import make_loader
+    from workbench.models.build import build_model
+    from workbench.train.optim import lr_multiplier
 
     dev = runtime.device()
     model = build_model(cfg.model, vocab_size=len(tokenizer), seed=cfg.train.seed).to(dev)
@@ -114,7 +114,7 @@ def hand_loop(cfg, train_ds, tokenizer, steps: int, log_every: int, *, token_mea
 
 
 def trainer_loop(cfg, train_ds, tokenizer) -> dict:
-    from workbench.train import Trainer
+    from workbench.train.trainer import Trainer
 
     trainer = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds)
     result = trainer.fit()
@@ -135,10 +135,10 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     args = parser.parse_args()
 
+    from workbench.analysis.tables import format_table
+    from workbench.backend.hardware import detect
     from workbench.config import WorkbenchConfig
-    from workbench.data import build_datasets
-    from workbench.hardware import detect
-    from workbench.memory import format_table
+    from workbench.data.records import build_datasets
 
     hw = detect("xla")
     cfg = WorkbenchConfig().with_overrides(

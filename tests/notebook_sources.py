@@ -50,7 +50,7 @@ if any(k.startswith("COLAB_") for k in os.environ):
 # No TPU or GPU: XLA on the CPU still shows the XLA story (compiles, shapes, SPMD meshes).
 XLA_ON_CPU = """\
 # Without a TPU or GPU, run XLA on the CPU (set before torch_xla starts; a TPU or GPU is used as it is).
-from workbench import runtime
+from workbench.backend import runtime
 
 if cpu_xla_devices and not runtime.tpu_present() and "PJRT_DEVICE" not in os.environ and not runtime.runtime_started():
     os.environ["PJRT_DEVICE"] = "CPU"
@@ -105,7 +105,7 @@ print(hw.table())"""
     ),
     code(
         """\
-from workbench.data import build_datasets
+from workbench.data.records import build_datasets
 
 cfg = WorkbenchConfig().with_overrides(
     {
@@ -144,7 +144,7 @@ dash"""
     ),
     code(
         """\
-from workbench.train import Trainer
+from workbench.train.trainer import Trainer
 
 trainer = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=eval_ds, callbacks=[dash], hardware=hw)
 result = trainer.fit()
@@ -189,7 +189,7 @@ max_buckets = 4"""
     code(
         """\
 from workbench import WorkbenchConfig, detect
-from workbench.sharding import MeshSpec, mesh_preset
+from workbench.parallel.mesh import MeshSpec, mesh_preset
 
 hw = detect("xla") if runtime.xla_installed() else detect()
 requested = MeshSpec(data=data, fsdp=fsdp, model=model_parallel)
@@ -204,8 +204,9 @@ print(hw.device_kind, hw.num_devices, "device(s); mesh:", spec)"""
     ),
     code(
         """\
-from workbench.models import build_model
-from workbench.sharding import plan_sharding, rules_for
+from workbench.models.build import build_model
+from workbench.parallel.plan import plan_sharding
+from workbench.parallel.rules import rules_for
 
 cfg = WorkbenchConfig().with_overrides({"model.hidden_size": hidden_size, "model.num_layers": num_layers})
 model = build_model(cfg.model)
@@ -222,7 +223,7 @@ mesh_view(plan)"""
     md("## Shard the real model with SPMD and train a few steps"),
     code(
         """\
-from workbench.train import Trainer
+from workbench.train.trainer import Trainer
 
 if spec is not None:
     run_cfg = cfg.with_overrides(
@@ -277,7 +278,7 @@ batch_size = 8"""
     code(
         """\
 from workbench import WorkbenchConfig, detect
-from workbench.data import build_datasets
+from workbench.data.records import build_datasets
 
 hw = detect()
 cfg = WorkbenchConfig().with_overrides(
@@ -292,7 +293,7 @@ print(f"{len(lengths)} sequences, lengths {min(lengths)}..{max(lengths)}")"""
     md("## Plans compared: padding efficiency against compiled shapes"),
     code(
         """\
-from workbench.bucketing import plan_buckets
+from workbench.data.buckets import plan_buckets
 
 rows = []
 for strategy in ("max", "pow2", "multiple", "quantile", "optimal"):
@@ -317,7 +318,7 @@ panel"""
     ),
     code(
         """\
-from workbench.train import Trainer
+from workbench.train.trainer import Trainer
 
 results = {}
 for strategy in ("optimal", "max"):
@@ -353,23 +354,23 @@ max_examples = None  # cap the corpus (None: all of it)"""
     code(
         """\
 from widgets.config_panel import MODEL_PRESETS, TARGETS
-from workbench import WorkbenchConfig, detect, memory
+from workbench import WorkbenchConfig, detect
 
 # The presets leave the vocabulary to the tokenizer a run trains with; the real model's is 128256.
 shape = {**MODEL_PRESETS["Llama-3.2-1B shape"], "vocab_size": 128256}
 big = WorkbenchConfig().with_overrides({f"model.{k}": v for k, v in shape.items()}).model
-est = memory.estimate(big, batch_size=8, seq_len=seq_len, precision="bf16-mixed")
+est = estimate(big, batch_size=8, seq_len=seq_len, precision="bf16-mixed")
 print(est.table())
 print()
 targets = {name: TARGETS[name] for name in ("v5e-1", "v5e-8", "v6e-1", "v4-8", "T4", "A100-40GB", "H100")}
-rows = memory.fit_across_targets(big, targets, batch_size=8, seq_len=seq_len, precision="bf16-mixed")
-print(memory.format_table(rows))"""
+rows = fit_across_targets(big, targets, batch_size=8, seq_len=seq_len, precision="bf16-mixed")
+print(format_table(rows))"""
     ),
     code(
         """\
-rows = memory.estimate_table(big, batch_sizes, seq_lens, memory_bytes=TARGETS["v5e-1"].memory_per_device_bytes,
+rows = estimate_table(big, batch_sizes, seq_lens, memory_bytes=TARGETS["v5e-1"].memory_per_device_bytes,
                              precision="bf16-mixed", gradient_checkpointing=True)
-print(memory.format_table(rows))"""
+print(format_table(rows))"""
     ),
     md(
         "## Profile a loop that recompiles\n\n"
@@ -381,9 +382,10 @@ print(memory.format_table(rows))"""
 import torch
 
 from widgets import Dashboard
-from workbench.data import build_datasets
-from workbench.models import build_model
-from workbench.profiling import StepProfiler, training_flops_per_token
+from workbench.data.records import build_datasets
+from workbench.models.build import build_model
+from workbench.analysis.profiler import StepProfiler
+from workbench.analysis.flops import training_flops_per_token
 
 hw = detect()
 cfg = WorkbenchConfig().with_overrides(
@@ -418,7 +420,7 @@ for advice in profiler.advice():
     md("## The same model with the workbench's loop: bucketed, pre-compiled, no recompilation"),
     code(
         """\
-from workbench.train import Trainer
+from workbench.train.trainer import Trainer
 
 dash = Dashboard(total_steps=steps, title="Workbench loop: bucketed and pre-compiled")
 dash"""
@@ -428,7 +430,7 @@ dash"""
 result = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=eval_ds, callbacks=[dash], hardware=hw).fit()
 print(f"{flops / 1e6:.2f} MFLOP per token; {result.tokens_per_s or 0:,.0f} tokens/s; "
       f"compiles after warm-up {result.compiles_after_warmup}")
-est = memory.estimate(cfg.model, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length,
+est = estimate(cfg.model, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length,
                       precision=cfg.train.precision, optimizer=cfg.train.optimizer)
 print(f"estimated {est.total_bytes / 2**20:.1f} MiB per device for this run")"""
     ),
@@ -462,7 +464,7 @@ save_dir = None  # where to save the fine-tuned model and tokenizer (None: do no
     code(
         """\
 from workbench import WorkbenchConfig, detect
-from workbench.data import build_datasets
+from workbench.data.records import build_datasets
 
 hw = detect()
 cfg = WorkbenchConfig().with_overrides(
@@ -480,7 +482,7 @@ print(repr(tokenizer.decode(answer)[:300]))"""
     code(
         """\
 from widgets import Dashboard
-from workbench.train import Trainer
+from workbench.train.trainer import Trainer
 
 dash = Dashboard(total_steps=steps, title="Supervised fine-tuning")
 dash"""
@@ -540,8 +542,8 @@ max_buckets = 4"""
     code(
         """\
 from workbench import WorkbenchConfig, detect
-from workbench.data import build_datasets
-from workbench.train import Trainer
+from workbench.data.records import build_datasets
+from workbench.train.trainer import Trainer
 
 hw = detect()
 base = WorkbenchConfig().with_overrides(

@@ -43,7 +43,7 @@ APP_CELLS = [
 from widgets import ConfigPanel, Dashboard
 from workbench.config import WorkbenchConfig
 
-from workbench.data import build_datasets
+from workbench.data.records import build_datasets
 
 cfg = WorkbenchConfig().with_overrides({"train.batch_size": 8, "data.max_examples": 600})
 train_ds, _, _ = build_datasets(cfg)  # real token lengths of the shipped corpus

@@ -12,20 +12,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.bucketing import (
-    IGNORE_INDEX,
-    BucketBatchSampler,
+from workbench.config import WorkbenchConfig
+from workbench.data.buckets import padded_tokens_for, plan_buckets
+from workbench.data.collate import (
     BucketCollator,
     PackedCollator,
-    make_loader,
     pack_plan,
     pack_sequences,
     packing_efficiency,
-    padded_tokens_for,
-    plan_buckets,
-    synthetic_batch,
 )
-from workbench.config import WorkbenchConfig
+from workbench.data.loader import make_loader, synthetic_batch
+from workbench.data.records import IGNORE_INDEX
+from workbench.data.sampler import BucketBatchSampler
 
 # ---- the planner ------------------------------------------------------------------------------
 
@@ -308,7 +306,7 @@ def _per_sequence_losses(model, batch, rows):
 @pytest.mark.parametrize("attention", ["position_ids", "mask4d"])
 def test_packed_loss_equals_loss_alone_on_cpu(family, attention):
     from workbench.config import ModelConfig
-    from workbench.models import build_model
+    from workbench.models.build import build_model
 
     model = build_model(
         ModelConfig(
@@ -447,10 +445,10 @@ def test_packed_loss_equals_loss_alone_on_xla(xla):
     out = xla(
         """
         import torch
-        from workbench import runtime
-        from workbench.bucketing import PackedCollator, pack_sequences
+        from workbench.backend import runtime
+        from workbench.data.collate import PackedCollator, pack_sequences
         from workbench.config import ModelConfig
-        from workbench.models import build_model
+        from workbench.models.build import build_model
 
         dev = runtime.device()
         gen = torch.Generator().manual_seed(0)
@@ -491,10 +489,10 @@ def test_bucketed_run_compiles_only_in_prewarm_and_unbucketed_per_length(xla):
     out = xla(
         """
         import numpy as np, torch, datasets
-        from workbench import runtime
-        from workbench.bucketing import make_loader, prewarm, synthetic_batch
+        from workbench.backend import runtime
+        from workbench.data.loader import make_loader, prewarm, synthetic_batch
         from workbench.config import WorkbenchConfig, ModelConfig
-        from workbench.models import build_model
+        from workbench.models.build import build_model
 
         dev = runtime.device()
         rng = np.random.default_rng(0)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.checkpoint import CheckpointError, CheckpointManager, capture_rng, flatten_state, restore_rng
+from workbench.train.checkpoint import CheckpointError, CheckpointManager
+from workbench.train.state_io import capture_rng, flatten_state, restore_rng
 
 from .conftest import REPO
 
@@ -122,7 +123,7 @@ def test_crash_between_write_and_rename_leaves_previous_checkpoint(tmp_path):
     # A real crash: the process dies (no cleanup runs) at the moment of the rename.
     script = textwrap.dedent(f"""
         import os, torch
-        from workbench import checkpoint
+        from workbench.train import checkpoint
         def die(*args, **kwargs):
             os._exit(17)
         checkpoint.os.replace = die
@@ -179,10 +180,10 @@ def test_sharded_checkpoint_through_dcp_under_spmd(xla, tmp_path):
     out = xla(f"""
         import numpy as np, torch
         from pathlib import Path
-        from workbench import runtime
+        from workbench.backend import runtime
         runtime.use_spmd()
         import torch_xla.distributed.spmd as xs
-        from workbench.checkpoint import CheckpointManager
+        from workbench.train.checkpoint import CheckpointManager
         dev = runtime.device()
         mesh = runtime.spmd_mesh(list(range(8)), (8, 1), ("fsdp", "model"))
         w = torch.arange(64 * 16, dtype=torch.float32).reshape(64, 16).to(dev)

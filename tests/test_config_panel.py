@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from widgets.config_panel import MODEL_PRESETS, TARGETS, ConfigPanel, measure_redraw, mesh_factorisations
-from workbench import memory
+from workbench.analysis.estimate import estimate, model_shape
+from workbench.backend.hardware import CHIPS, HardwareInfo
 from workbench.config import ConfigError, WorkbenchConfig
-from workbench.hardware import CHIPS, HardwareInfo
 
 GiB = 1024**3
 
@@ -21,7 +21,7 @@ ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 @pytest.fixture(scope="module")
 def lengths():
     """Token lengths of the real default corpus (the tokenizer is trained once and cached)."""
-    from workbench.data import build_datasets
+    from workbench.data.records import build_datasets
 
     cfg = WorkbenchConfig().with_overrides({"data.max_examples": 600})
     train_ds, _, _ = build_datasets(cfg)
@@ -65,7 +65,7 @@ def test_estimate_changes_when_the_batch_changes(panel):
     assert panel.estimate_html.value != before_text
     # The panel shows exactly what the estimator says for that config on that mesh.
     cfg = panel.config
-    direct = memory.estimate(
+    direct = estimate(
         cfg.model,
         batch_size=64,
         seq_len=cfg.data.max_length,
@@ -87,7 +87,7 @@ def test_browser_style_state_change_fires_callbacks(panel):
     assert seen[-1].train.optimizer == "sgd"
     assert (
         panel.estimate.breakdown["optimizer"]
-        < memory.estimate(
+        < estimate(
             panel.config.model,
             batch_size=24,
             seq_len=panel.config.data.max_length,
@@ -120,12 +120,12 @@ def test_fits_sign_and_largest_batch(lengths):
     kwargs = dict(
         seq_len=1024, optimizer="adamw", precision="bf16-mixed", mesh={"data": 1, "fsdp": 1, "model": 1}
     )
-    assert memory.estimate(cfg.model, batch_size=largest, **kwargs).fits(limit, 0.1)
-    assert not memory.estimate(cfg.model, batch_size=largest + 1, **kwargs).fits(limit, 0.1)
+    assert estimate(cfg.model, batch_size=largest, **kwargs).fits(limit, 0.1)
+    assert not estimate(cfg.model, batch_size=largest + 1, **kwargs).fits(limit, 0.1)
 
 
 def test_bucket_preview_follows_the_bucket_count(panel, lengths):
-    from workbench.bucketing import plan_buckets
+    from workbench.data.buckets import plan_buckets
 
     panel.set(buckets=2)
     two = panel.plan
@@ -219,7 +219,7 @@ def test_detected_gpus_without_xla_are_planned_as_one_device(lengths):
     assert panel.config.mesh.enabled is False
     # ... so the estimate is for the whole batch on one device.
     cfg = panel.config
-    alone = memory.estimate(
+    alone = estimate(
         cfg.model, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length, precision=cfg.train.precision
     )
     assert panel.estimate.total_bytes == alone.total_bytes
@@ -293,8 +293,8 @@ def test_a_pretrained_model_fixes_the_model_size(tmp_path, lengths):
     assert panel.config.model.hidden_size == cfg.model.hidden_size
     # The estimate is the checkpoint's own shape (its vocabulary), not the config's size fields.
     own = tf.LlamaConfig.from_pretrained(checkpoint)
-    assert panel.estimate.num_parameters == memory.model_shape(own).num_parameters
-    logits = memory.estimate(
+    assert panel.estimate.num_parameters == model_shape(own).num_parameters
+    logits = estimate(
         own, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length, precision=cfg.train.precision
     ).breakdown["logits"]
     assert panel.estimate.breakdown["logits"] == logits

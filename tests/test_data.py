@@ -256,6 +256,6 @@ def test_assets_ship_with_the_package():
     import tomllib
 
     pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
-    patterns = pyproject["tool"]["setuptools"]["package-data"]["workbench"]
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["workbench.data"]
     assert any(Path("assets/chat_sample.jsonl").match(p) for p in patterns)
     assert data.CHAT_SAMPLE.is_file() and data.CHAT_SAMPLE.parent.name == "assets"

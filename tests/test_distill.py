@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from workbench.config import ModelConfig, WorkbenchConfig
-from workbench.distill import DistillationObjective, DistillSettings, distillation_loss, mean_token_kl
-from workbench.models import build_model
+from workbench.models.build import build_model
+from workbench.train.distill import DistillationObjective, DistillSettings, distillation_loss, mean_token_kl
 
 
 def _logits(seed: int, shape=(2, 6, 11)) -> torch.Tensor:
@@ -85,9 +85,9 @@ def _corpus_cfg(**overrides) -> WorkbenchConfig:
 
 @pytest.mark.slow
 def test_distillation_on_the_embedded_corpus_brings_the_students_kl_to_the_teacher_down(tmp_path):
-    from workbench.bucketing import make_loader
-    from workbench.data import build_datasets
-    from workbench.train import Trainer
+    from workbench.data.loader import make_loader
+    from workbench.data.records import build_datasets
+    from workbench.train.trainer import Trainer
 
     teacher_cfg = _corpus_cfg(**{"train.steps": 30})
     train_ds, eval_ds, tokenizer = build_datasets(teacher_cfg, cache_dir=tmp_path)

@@ -8,8 +8,15 @@ import sys
 import pytest
 
 from tests.conftest import REPO, xla_env
-from workbench import hardware
-from workbench.hardware import CHIPS, HardwareError, chip_spec, detect, detect_platform, normalise_chip
+from workbench.backend import hardware
+from workbench.backend.hardware import (
+    CHIPS,
+    HardwareError,
+    chip_spec,
+    detect,
+    detect_platform,
+    normalise_chip,
+)
 
 # Device-kind strings exactly as the runtimes report them: PJRT's device_kind on TPU
 # (the same strings JAX shows), torch.cuda.get_device_name() on NVIDIA GPUs.
@@ -140,7 +147,7 @@ def test_cuda_counts_one_gpu_per_launched_process(
 
 
 def test_importing_workbench_starts_no_runtime() -> None:
-    code = "import sys, workbench, workbench.config, workbench.hardware, workbench.runtime; print('torch_xla' in sys.modules)"
+    code = "import sys, workbench, workbench.config, workbench.backend.hardware, workbench.backend.runtime; print('torch_xla' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=xla_env(), capture_output=True, text=True, check=True
     )
@@ -152,7 +159,7 @@ def test_detect_on_eight_xla_cpu_devices(xla) -> None:
     result = xla(
         """
         import time
-        from workbench.hardware import detect
+        from workbench.backend.hardware import detect
         t0 = time.perf_counter(); hw = detect(); first = time.perf_counter() - t0
         t0 = time.perf_counter(); again = detect(); second = time.perf_counter() - t0
         emit({**hw.to_dict(), "same": again is hw, "second_s": second, "explicit": detect("xla").num_devices})

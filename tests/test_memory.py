@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench import memory
+from workbench.analysis.batch import find_batch_size, max_batch_size
+from workbench.analysis.estimate import BREAKDOWN_KEYS, estimate, model_shape
+from workbench.analysis.tables import estimate_table, fit_across_targets, format_table
 from workbench.config import ModelConfig
-from workbench.memory import estimate, find_batch_size, is_oom_error, max_batch_size, run_with_oom_retry
-from workbench.models import build_model, count_parameters, hf_config
+from workbench.models.build import build_model, count_parameters, hf_config
+from workbench.train.oom import is_oom_error, run_with_oom_retry
 
 TINY = ModelConfig(
     hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512
@@ -42,16 +44,16 @@ def _cfg(**kw) -> ModelConfig:
 )
 def test_parameter_count_from_config_matches_the_real_model(cfg):
     model = build_model(cfg)
-    shape = memory.model_shape(hf_config(cfg))
+    shape = model_shape(hf_config(cfg))
     assert shape.num_parameters == count_parameters(model)
     # a model and a workbench ModelConfig are accepted too, and agree
-    assert memory.model_shape(model).num_parameters == count_parameters(model)
-    assert memory.model_shape(cfg).num_parameters == count_parameters(model)
+    assert model_shape(model).num_parameters == count_parameters(model)
+    assert model_shape(cfg).num_parameters == count_parameters(model)
 
 
 def test_unsupported_model_config_names_the_type():
     with pytest.raises(ValueError, match=r"model_type='bert'"):
-        memory.model_shape(type("Cfg", (), {"model_type": "bert"})())
+        model_shape(type("Cfg", (), {"model_type": "bert"})())
 
 
 # ---- the estimate --------------------------------------------------------------------
@@ -64,7 +66,7 @@ def test_breakdown_hand_calculation_llama_fp32():
     n = 512 * 64 + 2 * (2 * 64 + 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 128 * 64) + 64
     assert est.num_parameters == n
     b = est.breakdown
-    assert set(memory.BREAKDOWN_KEYS) <= set(b)
+    assert set(BREAKDOWN_KEYS) <= set(b)
     assert b["params"] == 4 * n and b["grads"] == 4 * n and b["optimizer"] == 8 * n
     tokens = 64
     # per layer per token: H + 4H (norms) + 4*h*d + h*T + 4I = 64 + 256 + 256 + 128 + 512
@@ -114,7 +116,7 @@ def test_precision_checkpointing_attention_and_mesh_move_the_right_parts():
 
 
 def test_a_mesh_spec_object_is_accepted():
-    from workbench.sharding import MeshSpec
+    from workbench.parallel.mesh import MeshSpec
 
     spec = MeshSpec(data=-1, fsdp=4).resolve(8)
     est = estimate(TINY, batch_size=16, seq_len=32, mesh=spec)
@@ -165,12 +167,12 @@ def test_fits_and_table():
     )
     assert est.fits(None)
     assert "activations" in est.table() and "total" in est.table()
-    rows = memory.estimate_table(TINY, [2, 4, 8], [32, 64], memory_bytes=est.total_bytes * 1.5)
+    rows = estimate_table(TINY, [2, 4, 8], [32, 64], memory_bytes=est.total_bytes * 1.5)
     assert len(rows) == 6
     totals = {(r["batch_size"], r["seq_len"]): r["total_bytes"] for r in rows}
     assert totals[(2, 32)] < totals[(4, 32)] < totals[(8, 32)] < totals[(8, 64)]
     assert {r["fits"] for r in rows} == {True, False}
-    assert "batch_size" in memory.format_table(rows)
+    assert "batch_size" in format_table(rows)
 
 
 # ---- the batch finder ----------------------------------------------------------------
@@ -318,22 +320,25 @@ def test_estimate_within_15_percent_of_the_compiler(xla, tmp_path):
     the compile-only probe that the batch finder uses (it compiles without executing)."""
     out = xla(
         """
-        from workbench import memory, runtime
+        from workbench.analysis.batch import find_batch_size
+        from workbench.analysis.estimate import estimate
+        from workbench.analysis.probe import compiled_step_memory, compiled_step_probe
+        from workbench.backend import runtime
         from workbench.config import ModelConfig
         cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
         rows = []
         for b, t in [(2, 128), (8, 32)]:
-            m = memory.compiled_step_memory(cfg, batch_size=b, seq_len=t)
-            e = memory.estimate(cfg, batch_size=b, seq_len=t, precision="fp32")
+            m = compiled_step_memory(cfg, batch_size=b, seq_len=t)
+            e = estimate(cfg, batch_size=b, seq_len=t, precision="fp32")
             rows.append([b, t, m.peak_bytes, e.total_bytes, m.programs])
         executed = runtime.execute_count()
-        probe = memory.compiled_step_probe(cfg, seq_len=32)
+        probe = compiled_step_probe(cfg, seq_len=32)
         probed = probe(16)
-        budget = int(memory.estimate(cfg, batch_size=16, seq_len=32, precision="fp32").total_bytes * 1.2)
-        plan = memory.find_batch_size(cfg, seq_len=32, memory_bytes=budget, dp_size=8, headroom=0.0,
+        budget = int(estimate(cfg, batch_size=16, seq_len=32, precision="fp32").total_bytes * 1.2)
+        plan = find_batch_size(cfg, seq_len=32, memory_bytes=budget, dp_size=8, headroom=0.0,
                                       compiled_bytes=probe, precision="fp32")
         emit(dict(rows=rows, probed=probed, probe_executed=runtime.execute_count() - executed,
-                  est16=memory.estimate(cfg, batch_size=16, seq_len=32, precision="fp32").total_bytes,
+                  est16=estimate(cfg, batch_size=16, seq_len=32, precision="fp32").total_bytes,
                   plan=[plan.batch_size, plan.compiled_bytes]))
         """,
         env={"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(tmp_path / "compile.log")},
@@ -352,13 +357,15 @@ def test_estimate_within_15_percent_of_the_compiler(xla, tmp_path):
 def test_estimate_within_15_percent_of_the_compiler_under_fsdp(xla, tmp_path):
     out = xla(
         """
-        from workbench import memory, runtime
+        from workbench.analysis.estimate import estimate
+        from workbench.analysis.probe import compiled_step_memory
+        from workbench.backend import runtime
         from workbench.config import ModelConfig
         runtime.use_spmd()
         cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
-        m = memory.compiled_step_memory(cfg, batch_size=16, seq_len=32, fsdp=8)
-        e = memory.estimate(cfg, batch_size=16, seq_len=32, precision="fp32", mesh={"data": 1, "fsdp": 8, "model": 1})
-        single = memory.estimate(cfg, batch_size=16, seq_len=32, precision="fp32")
+        m = compiled_step_memory(cfg, batch_size=16, seq_len=32, fsdp=8)
+        e = estimate(cfg, batch_size=16, seq_len=32, precision="fp32", mesh={"data": 1, "fsdp": 8, "model": 1})
+        single = estimate(cfg, batch_size=16, seq_len=32, precision="fp32")
         emit([m.peak_bytes, m.argument_bytes, e.total_bytes, e.breakdown["params"], single.total_bytes])
         """,
         env={"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(tmp_path / "compile.log")},
@@ -373,14 +380,14 @@ def test_a_pretrained_path_is_read_from_its_own_config(tmp_path):
     model = build_model(_cfg(family="qwen2", hidden_size=32, intermediate_size=64))
     model.save_pretrained(tmp_path / "ckpt")
     cfg = ModelConfig(family="llama", pretrained_path=str(tmp_path / "ckpt"))  # family/sizes come from disk
-    shape = memory.model_shape(cfg)
+    shape = model_shape(cfg)
     assert shape.family == "qwen2" and shape.hidden == 32
     assert shape.num_parameters == count_parameters(model)
 
 
 def test_compile_memory_log_is_parsed(tmp_path, monkeypatch):
     """The block torch_xla 2.9 writes after each compile (debug_util.cpp), values in GiB."""
-    from workbench import runtime
+    from workbench.backend import runtime
 
     log = tmp_path / "compile.log"
     monkeypatch.setenv("PT_XLA_DEBUG_LEVEL", "0")
@@ -419,7 +426,7 @@ def test_fit_across_targets_plans_each_slice_with_fsdp_over_its_devices():
         "tiny": SimpleNamespace(num_devices=1, memory_per_device_bytes=1024),
         "unknown": SimpleNamespace(num_devices=2, memory_per_device_bytes=None),
     }
-    rows = {r["target"]: r for r in memory.fit_across_targets(cfg, targets, batch_size=6, seq_len=128)}
+    rows = {r["target"]: r for r in fit_across_targets(cfg, targets, batch_size=6, seq_len=128)}
     one, eight = rows["one chip"], rows["eight chips"]
     assert (one["batch_size"], eight["batch_size"]) == (6, 8)  # rounded up to whole sequences per device
     single = estimate(cfg, batch_size=6, seq_len=128)

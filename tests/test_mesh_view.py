@@ -8,9 +8,10 @@ import plotly.graph_objects as go
 import pytest
 
 from widgets.mesh_view import mesh_figure, mesh_view, parameter_groups, split_kind
-from workbench import sharding
 from workbench.config import ModelConfig
-from workbench.models import build_model
+from workbench.models.build import build_model
+from workbench.parallel.plan import ShardingReport, plan_sharding
+from workbench.parallel.rules import rules_for
 
 MiB = 1024**2
 
@@ -24,7 +25,7 @@ def plan(model, sizes):
     params = [(n, tuple(p.shape), p.dtype) for n, p in model.named_parameters()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return sharding.plan_sharding(params, sizes, sharding.rules_for(model))
+        return plan_sharding(params, sizes, rules_for(model))
 
 
 def test_device_panel_matches_the_report(model):
@@ -85,6 +86,6 @@ def test_mesh_view_is_a_widget_with_its_state_synced(model):
 
 
 def test_empty_report_is_refused():
-    empty = sharding.ShardingReport([], {"data": 1, "fsdp": 1, "model": 1}, [0])
+    empty = ShardingReport([], {"data": 1, "fsdp": 1, "model": 1}, [0])
     with pytest.raises(ValueError, match="no entries"):
         mesh_figure(empty)

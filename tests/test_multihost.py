@@ -8,10 +8,9 @@ import shlex
 import datasets
 import pytest
 
-from workbench import multihost, runtime
-from workbench.config import WorkbenchConfig
-from workbench.hardware import GiB, HardwareInfo
-from workbench.multihost import (
+from workbench.backend import multihost, runtime
+from workbench.backend.hardware import GiB, HardwareInfo
+from workbench.backend.multihost import (
     MultiHostError,
     config_overrides,
     host_shard_bounds,
@@ -23,7 +22,8 @@ from workbench.multihost import (
     process_index,
     shard_for_host,
 )
-from workbench.sharding import MeshSpec
+from workbench.config import WorkbenchConfig
+from workbench.parallel.mesh import MeshSpec
 
 
 @pytest.fixture
@@ -201,9 +201,10 @@ def test_describe():
 def test_runtime_answers_on_xla_and_leaves_spmd_possible(xla):
     result = xla(
         """
-        from workbench import multihost, runtime
+        from workbench.backend import multihost
+        from workbench.backend import runtime
         facts = [multihost.process_index(), multihost.process_count(), multihost.is_main()]
-        from workbench.sharding import MeshSpec
+        from workbench.parallel.mesh import MeshSpec
         mesh = MeshSpec(data=1, fsdp=8).build()  # asking the runtime did not lock SPMD out
         emit({"facts": facts, "spmd": runtime.is_spmd(), "mesh": list(mesh.mesh_shape)})
         """

@@ -11,8 +11,11 @@ import time
 import pytest
 import transformers as tf
 
-from workbench.hardware import HardwareInfo
-from workbench.profiling import METRIC_KEYS, StepProfiler, mfu, trace, training_flops_per_token
+from workbench.analysis.flops import mfu, training_flops_per_token
+from workbench.analysis.metrics import INTERVAL_KEYS
+from workbench.analysis.profiler import StepProfiler
+from workbench.analysis.trace import trace
+from workbench.backend.hardware import HardwareInfo
 
 
 def test_flops_per_token_gpt2_124m_by_hand():
@@ -75,7 +78,7 @@ def test_profiler_intervals_exports_and_advice_on_plain_cpu(tmp_path):
         out.append(prof.step(100, loss=2.0 - 0.1 * i, lr=1e-3, input_wait_s=0.01 if i >= 3 else 0.0))
     assert [m is not None for m in out] == [False, False, True, False, False, True, False]
     first, second = prof.history
-    assert set(METRIC_KEYS) <= set(first)
+    assert set(INTERVAL_KEYS) <= set(first)
     assert (first["step"], first["loss"], first["tokens_seen"], first["steps_in_interval"]) == (
         3,
         pytest.approx(1.8),
@@ -106,7 +109,7 @@ def test_profiler_intervals_exports_and_advice_on_plain_cpu(tmp_path):
     payload = json.loads((tmp_path / "p.json").read_text())
     assert len(payload["history"]) == 3 and {a["kind"] for a in payload["advice"]} == kinds
     rows = list(csv.DictReader((tmp_path / "p.csv").open()))
-    assert len(rows) == 3 and list(rows[0])[: len(METRIC_KEYS)] == list(METRIC_KEYS)
+    assert len(rows) == 3 and list(rows[0])[: len(INTERVAL_KEYS)] == list(INTERVAL_KEYS)
     assert rows[1]["step"] == "6" and rows[0]["device_memory_bytes"] == ""
 
     with pytest.raises(ValueError, match="log_every=0"):
@@ -138,11 +141,13 @@ def test_profiler_on_xla_cpu_no_sync_between_logs_and_each_advice(xla, tmp_path)
     out = xla(
         f"""
         import time, torch
-        from workbench import runtime
+        from workbench.backend import runtime
         from workbench.config import ModelConfig
-        from workbench.hardware import detect
-        from workbench.models import build_model
-        from workbench.profiling import StepProfiler, training_flops_per_token, trace
+        from workbench.backend.hardware import detect
+        from workbench.models.build import build_model
+        from workbench.analysis.profiler import StepProfiler
+        from workbench.analysis.flops import training_flops_per_token
+        from workbench.analysis.trace import trace
 
         hw = detect("xla")
         dev = runtime.device()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from workbench import runtime
+from workbench.backend import runtime
 
 
 def _pci_device(root: Path, name: str, vendor: str, device: str) -> None:
@@ -43,7 +43,7 @@ def test_tpu_present_sees_chips_without_any_tpu_variable(monkeypatch: pytest.Mon
 
 def test_looking_imports_no_torch_xla() -> None:
     code = (
-        "import sys; from workbench import runtime; "
+        "import sys; from workbench.backend import runtime; "
         "runtime.tpu_present(); runtime.xla_installed(); runtime.env_requests_xla(); "
         "print('torch_xla' in sys.modules)"
     )

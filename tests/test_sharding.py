@@ -15,24 +15,19 @@ import warnings
 
 import pytest
 
+from workbench.backend.hardware import GiB, HardwareInfo
 from workbench.config import MeshConfig, ModelConfig
-from workbench.hardware import GiB, HardwareInfo
-from workbench.models import build_model
-from workbench.sharding import (
+from workbench.models.build import build_model
+from workbench.parallel.apply import batch_spec
+from workbench.parallel.mesh import MeshError, MeshSpec, check_batch_size, mesh_from_config, mesh_preset
+from workbench.parallel.plan import plan_sharding, shard_map
+from workbench.parallel.rules import (
     DECODER_RULES,
     FSDP_ONLY_RULES,
     GPT2_RULES,
-    MeshError,
-    MeshSpec,
     ShardingError,
     ShardingRule,
-    batch_spec,
-    check_batch_size,
-    mesh_from_config,
-    mesh_preset,
-    plan_sharding,
     rules_for,
-    shard_map,
 )
 
 LOSS_TOLERANCE = 1e-4
@@ -346,12 +341,14 @@ def test_importing_sharding_starts_nothing():
 TRAIN_SCRIPT = """
 import math
 import torch
-from workbench import runtime
+from workbench.backend import runtime
 from workbench.config import ModelConfig
-from workbench.hardware import detect
-from workbench.models import build_model
-from workbench.sharding import (MeshError, MeshSpec, ShardingError, batch_sharding, batch_spec, mesh_preset,
-                                move_model, shard_batch, shard_map, shard_model)
+from workbench.backend.hardware import detect
+from workbench.models.build import build_model
+from workbench.parallel.mesh import MeshError, MeshSpec, mesh_preset
+from workbench.parallel.rules import ShardingError
+from workbench.parallel.apply import batch_sharding, batch_spec, move_model, shard_batch, shard_model
+from workbench.parallel.plan import shard_map
 
 FAMILY, MESHES = {family!r}, {meshes!r}
 # detect() starts the runtime; no XLA tensor exists yet, so SPMD can still be switched on.
@@ -536,8 +533,8 @@ def test_build_refuses_once_the_device_was_used_without_spmd(xla):
     result = xla(
         """
         import torch
-        from workbench import runtime
-        from workbench.sharding import MeshError, MeshSpec
+        from workbench.backend import runtime
+        from workbench.parallel.mesh import MeshError, MeshSpec
         errors = []
         runtime.device()  # only asks for the device: already fixes non-SPMD mode
         for _ in range(2):

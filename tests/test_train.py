@@ -7,9 +7,9 @@ import itertools
 import pytest
 import torch
 
+from workbench.backend.hardware import HardwareError
 from workbench.config import WorkbenchConfig
-from workbench.hardware import HardwareError
-from workbench.train import Trainer, select_hardware
+from workbench.train import Trainer
 
 VOCAB = 128
 
@@ -190,8 +190,8 @@ def test_dynamic_batch_grows_every_n_steps_up_to_the_cap():
 def test_dynamic_batch_never_grows_past_the_memory_estimate():
     import dataclasses
 
-    from workbench.hardware import detect
-    from workbench.memory import max_batch_size
+    from workbench.analysis.batch import max_batch_size
+    from workbench.backend.hardware import detect
 
     cfg = tiny_cfg(**{"train.steps": 40, "train.batch_size": 2, "train.dynamic_batch_every": 2})
     trainer = Trainer(cfg, train_dataset=token_dataset(16))
@@ -224,10 +224,10 @@ def test_adafactor_bf16_mixed_and_gradient_checkpointing_train_on_cpu():
 
 
 def test_auto_falls_back_and_says_why(monkeypatch):
-    from workbench import runtime, train
+    from workbench.backend import hardware, runtime
 
     calls = []
-    real_detect = train.detect
+    real_detect = hardware._detect_explicit
 
     def fake_detect(kind):
         calls.append(kind)
@@ -238,13 +238,16 @@ def test_auto_falls_back_and_says_why(monkeypatch):
     monkeypatch.setattr(runtime, "xla_installed", lambda: True)
     monkeypatch.setattr(runtime, "tpu_present", lambda: True)
     monkeypatch.setattr(runtime, "env_requests_xla", lambda: None)
-    monkeypatch.setattr(train, "_cuda_present", lambda: False)
-    monkeypatch.setattr(train, "detect", fake_detect)
-    notices: list[str] = []
-    with pytest.warns(RuntimeWarning, match="tpu is present but could not start"):
-        hw = select_hardware("auto", notices)
-    assert hw.backend == "cpu" and calls == ["tpu", "cpu"]
-    assert "device busy" in notices[0] and "falling back" in notices[0]
+    monkeypatch.setattr(hardware, "_cuda_available", lambda: False)
+    monkeypatch.setattr(hardware, "_detect_explicit", fake_detect)
+    hardware.detect.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="tpu is present but could not start"):
+            hw = hardware.detect("auto")
+    finally:
+        hardware.detect.cache_clear()
+    assert hw.backend == "cpu" and calls == ["tpu"]
+    assert "device busy" in hw.notices[0] and "falling back" in hw.notices[0]
 
 
 @pytest.mark.xla
@@ -253,8 +256,8 @@ def test_xla_fsdp_bucketed_run_compiles_nothing_after_warmup_and_accumulates_exa
     out = xla(f"""
         import torch
         from tests.test_train import tiny_cfg, token_dataset, _pad, _grads_of_one_step
-        from workbench import runtime
-        from workbench.train import Trainer
+        from workbench.backend import runtime
+        from workbench.train.trainer import Trainer
 
         mesh = {{"mesh.enabled": True, "mesh.data": 1, "mesh.fsdp": 8, "train.device_type": "xla"}}
         cfg = tiny_cfg(**mesh, **{{
@@ -273,7 +276,7 @@ def test_xla_fsdp_bucketed_run_compiles_nothing_after_warmup_and_accumulates_exa
         big = _pad(rows, 32)
         small = [_pad(rows[i : i + 8], 32) for i in range(0, 32, 8)]
         dev = runtime.device()
-        from workbench.sharding import shard_batch
+        from workbench.parallel.apply import shard_batch
         one = _grads_of_one_step(tiny_cfg(**mesh, **{{"train.batch_size": 32, "train.max_grad_norm": None}}),
                                  [shard_batch(big, trainer.mesh)])
         four = _grads_of_one_step(tiny_cfg(**mesh, **{{"train.batch_size": 8, "train.grad_accum": 4, "train.max_grad_norm": None}}),
@@ -281,7 +284,7 @@ def test_xla_fsdp_bucketed_run_compiles_nothing_after_warmup_and_accumulates_exa
         worst = max(float(((a.cpu() - b.cpu()).abs().max() / (a.cpu().abs().max() + 1e-12))) for a, b in zip(one, four))
 
         # distillation in the same loop: the teacher (wider) is sharded over the mesh like the student
-        from workbench.models import build_model
+        from workbench.models.build import build_model
         teacher = build_model(tiny_cfg(**{{"model.hidden_size": 64, "model.intermediate_size": 128}}).model, seed=5)
         distill_cfg = tiny_cfg(**mesh, **{{"train.batch_size": 8, "train.steps": 4, "train.log_every": 2,
                                           "train.distill_hidden_weight": 0.1}})
@@ -324,7 +327,7 @@ def test_xla_fsdp_bucketed_run_compiles_nothing_after_warmup_and_accumulates_exa
 def test_xla_fsdp_resume_from_sharded_checkpoint_matches_uninterrupted_run(xla, tmp_path):
     out = xla(f"""
         from tests.test_train import tiny_cfg, token_dataset
-        from workbench.train import Trainer
+        from workbench.train.trainer import Trainer
 
         common = {{"mesh.enabled": True, "mesh.data": 1, "mesh.fsdp": 8, "train.device_type": "xla",
                    "train.batch_size": 8, "train.steps": 6, "train.log_every": 1}}
@@ -366,7 +369,7 @@ def test_xla_variants_compile_nothing_after_warmup(xla):
     out = xla(
         """
         from tests.test_train import tiny_cfg, token_dataset
-        from workbench.train import Trainer
+        from workbench.train.trainer import Trainer
 
         variants = {
             "adafactor + bf16-mixed": {"train.optimizer": "adafactor", "train.precision": "bf16-mixed"},
@@ -398,8 +401,8 @@ def test_logging_every_step_reads_loss_and_grad_norm_without_loop_transfers(xla)
     out = xla(
         """
         from tests.test_train import tiny_cfg, token_dataset
-        from workbench.optim import lr_multiplier
-        from workbench.train import Trainer
+        from workbench.train.optim import lr_multiplier
+        from workbench.train.trainer import Trainer
 
         cfg = tiny_cfg(**{"train.device_type": "xla", "train.steps": 5, "train.log_every": 1,
                           "train.max_grad_norm": 1.0})

@@ -33,12 +33,11 @@ import numpy as np
 import plotly.graph_objects as go
 
 from widgets.figures import sync_state
-from workbench import memory
+from workbench.analysis.batch import max_batch_size
+from workbench.analysis.estimate import estimate as estimate_memory
+from workbench.backend.hardware import CHIPS, HardwareInfo
 from workbench.config import ConfigError, TrainConfig, WorkbenchConfig
-from workbench.hardware import CHIPS, HardwareInfo
-from workbench.sharding import format_bytes
-
-GiB = 1024**3
+from workbench.units import GiB, format_bytes
 
 
 @dataclass(frozen=True)
@@ -168,7 +167,7 @@ def resolve_target(target: str | Target | HardwareInfo) -> Target:
     if isinstance(target, HardwareInfo):
         return _target_from_hardware(target)
     if target == "auto":
-        from workbench.hardware import detect
+        from workbench.backend.hardware import detect
 
         return _target_from_hardware(detect())
     if target not in TARGETS:
@@ -464,16 +463,16 @@ class ConfigPanel:
     def _bucket_plan(self, cfg: WorkbenchConfig) -> Any:
         if self.lengths is None:
             return None
-        from workbench import bucketing
+        from workbench.data.buckets import STRATEGIES, plan_buckets
 
         b = cfg.bucketing
         # "none" (pad each batch to its longest) and packing have no boundaries to preview:
-        # show what the planned buckets would be. (So not `bucketing.plan_for_config`, which
+        # show what the planned buckets would be. (So not `plan_for_config`, which
         # returns None for those.)
-        strategy = b.strategy if b.strategy in bucketing.STRATEGIES else "optimal"
+        strategy = b.strategy if b.strategy in STRATEGIES else "optimal"
         key = (b.max_buckets, b.multiple_of, cfg.data.max_length, strategy)
         if key not in self._plan_cache:
-            self._plan_cache[key] = bucketing.plan_buckets(
+            self._plan_cache[key] = plan_buckets(
                 self.lengths,
                 b.max_buckets,
                 multiple_of=b.multiple_of,
@@ -513,14 +512,14 @@ class ConfigPanel:
             cfg = self._compose()
             kwargs = self._estimate_kwargs(cfg)
             # ValueError: e.g. a batch that does not split over the mesh's data-parallel axes.
-            estimate = memory.estimate(
+            estimate = estimate_memory(
                 cfg.model, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length, **kwargs
             )
             limit = self.target.memory_per_device_bytes
             largest = (
                 None
                 if limit is None
-                else memory.max_batch_size(
+                else max_batch_size(
                     cfg.model,
                     seq_len=cfg.data.max_length,
                     memory_bytes=limit,

@@ -33,8 +33,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from widgets.figures import sync_state
-
-GiB = 1024**3
+from workbench.units import GiB
 
 # (panel title, row, col) in a 3 x 2 grid.
 PANELS: dict[str, tuple[str, int, int]] = {

@@ -22,8 +22,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from widgets.figures import sync_state
+from workbench.units import MiB
 
-MiB = 1024**2
 SPLIT_COLORS = {
     "replicated": "#7f7f7f",
     "fsdp": "#1f77b4",

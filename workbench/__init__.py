@@ -4,8 +4,8 @@ Importing this package starts no runtime: torch_xla is only imported (through
 `workbench.runtime`) when a function needs it, e.g. `hardware.detect()`.
 """
 
+from workbench.backend.hardware import HardwareError, HardwareInfo, detect
 from workbench.config import ConfigError, WorkbenchConfig, load_config
-from workbench.hardware import HardwareError, HardwareInfo, detect
 
 __all__ = ["ConfigError", "HardwareError", "HardwareInfo", "WorkbenchConfig", "detect", "load_config"]
 __version__ = "0.1.0"

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", default="reports")
     args = parser.parse_args(argv)
 
-    from workbench.hardware import HardwareError, detect
+    from workbench.backend.hardware import HardwareError, detect
 
     try:
         if args.command == "info":

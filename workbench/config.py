@@ -1,4 +1,4 @@
-"""Typed configuration for a workbench run.
+"""[from config] Typed configuration for a workbench run.
 
 One `WorkbenchConfig` holds five sections (model, data, bucketing, mesh, train), each a
 dataclass whose fields carry a docstring-comment below them. Configs come from YAML

@@ -1,4 +1,4 @@
-"""`make demo` / ``python -m workbench demo``: run the quickstart notebook headless and keep its report.
+"""[from demo] `make demo` / ``python -m workbench demo``: run the quickstart notebook headless and keep its report.
 
 Executes ``notebooks/00_quickstart.ipynb`` with papermill on whatever hardware is there and writes
 

@@ -1,4 +1,4 @@
-"""The smoke test people run first on a new machine: a few steps of a tiny causal LM.
+"""[from smoke] The smoke test people run first on a new machine: a few steps of a tiny causal LM.
 
 It builds a model from `ModelConfig`, trains it on one fixed random batch (so the loss
 must fall: the model memorises it), and reports loss and steps/s. On XLA the loss reaches
@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench import runtime
+from workbench.backend import runtime
+from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import ModelConfig
-from workbench.hardware import HardwareInfo, detect
-from workbench.models import build_model
+from workbench.models.build import build_model
 
 
 @dataclass

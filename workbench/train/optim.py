@@ -1,4 +1,4 @@
-"""Optimizers and the learning-rate schedule for the training loop, chosen to be XLA-friendly.
+"""[from optim] Optimizers and the learning-rate schedule for the training loop, chosen to be XLA-friendly.
 
 - `build_optimizer`: AdamW (torch), `Adafactor` (below: transformers' algorithm with a fixed
   external learning rate; its relative-step/parameter-scale modes compare a device tensor on

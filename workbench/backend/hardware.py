@@ -1,4 +1,4 @@
-"""Hardware detection: which backend runs the work, on how many chips, of what kind.
+"""[from hardware] Hardware detection: which backend runs the work, on how many chips, of what kind.
 
 `detect()` walks an ordered fallback, TPU (through torch_xla) -> CUDA -> XLA on the CPU
 (when ``PJRT_DEVICE=CPU`` asks for it) -> plain CPU, and returns a frozen `HardwareInfo`.
@@ -19,13 +19,13 @@ import functools
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
-from workbench import runtime
+from workbench.backend import runtime
+from workbench.units import GB, GiB
 
-GiB = 1024**3
-GB = 1000**3
 TFLOPS = 1e12
 
 DeviceType = Literal["auto", "tpu", "cuda", "xla", "cpu"]
@@ -156,6 +156,8 @@ class HardwareInfo:
     """Peak dense bf16 FLOP/s per runtime device (fp16 on chips without bf16); None when unknown."""
     host_memory_bytes: int
     platform: Literal["colab", "kaggle", "local"]
+    notices: tuple[str, ...] = ()
+    """What "auto" detection decided on its own: a backend that is present but could not start."""
 
     @property
     def device_string(self) -> str:
@@ -306,13 +308,45 @@ def _found() -> str:
 def detect(device_type: DeviceType = "auto") -> HardwareInfo:
     """Detect the hardware, trying TPU -> CUDA -> XLA:CPU (if PJRT_DEVICE=CPU) -> CPU for "auto".
 
-    An explicit "tpu", "cuda", "xla" or "cpu" that is not available raises `HardwareError`
-    saying what was found and how to get what was asked for. Cached per `device_type`.
+    "auto" tries each backend whose signs are present; one that is present but fails to start
+    is warned about, recorded in `HardwareInfo.notices`, and the next one is tried. An explicit
+    "tpu", "cuda", "xla" or "cpu" that is not available raises `HardwareError` saying what was
+    found and how to get what was asked for. Cached per `device_type`.
     """
     if device_type not in ("auto", "tpu", "cuda", "xla", "cpu"):
         raise HardwareError(
             f"device_type={device_type!r} is not allowed: expected one of 'auto', 'tpu', 'cuda', 'xla', 'cpu'"
         )
+    if device_type != "auto":
+        return _detect_explicit(device_type)
+    notices: list[str] = []
+    for kind in _present_backends():
+        try:
+            info = _detect_explicit(kind)
+        except Exception as err:  # a backend that is there but cannot start: say so, try the next
+            message = f"device_type='auto': {kind} is present but could not start ({err}); falling back"
+            notices.append(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            continue
+        return dataclasses.replace(info, notices=tuple(notices))
+    return dataclasses.replace(_detect_cpu(), notices=tuple(notices))
+
+
+def _present_backends() -> list[str]:
+    """The backends "auto" tries, in order: those whose signs are on this machine (starts nothing)."""
+    pjrt = runtime.env_requests_xla()
+    present = []
+    if runtime.xla_installed() and pjrt in (None, "TPU") and runtime.tpu_present():
+        present.append("tpu")
+    if _cuda_available():
+        present.append("cuda")
+    if runtime.xla_installed() and pjrt == "CPU":
+        present.append("xla")
+    return present
+
+
+def _detect_explicit(device_type: str) -> HardwareInfo:
+    """The named backend, or `HardwareError` saying what was found and how to get it."""
     pjrt = runtime.env_requests_xla()
     if device_type == "cpu":
         return _detect_cpu()
@@ -347,16 +381,3 @@ def detect(device_type: DeviceType = "auto") -> HardwareInfo:
                 "Set PJRT_DEVICE=CPU (and CPU_NUM_DEVICES=8 for eight virtual devices) before starting Python."
             )
         return _detect_xla()
-    # auto
-    if runtime.xla_installed() and pjrt in (None, "TPU") and runtime.tpu_present():
-        try:
-            info = _detect_xla()
-            if info.backend == "tpu":
-                return info
-        except Exception:  # a TPU that cannot start: fall through to the next backend
-            pass
-    if _cuda_available():
-        return _detect_cuda()
-    if runtime.xla_installed() and pjrt == "CPU":
-        return _detect_xla()
-    return _detect_cpu()

@@ -1,4 +1,4 @@
-"""Knowledge distillation: a student learns from a frozen teacher of another size, same tokenizer.
+"""[from distill] Knowledge distillation: a student learns from a frozen teacher of another size, same tokenizer.
 
 Per real (non-padding) next-token position the loss is
 
@@ -26,7 +26,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workbench.data import IGNORE_INDEX
+from workbench.data.records import IGNORE_INDEX
+from workbench.train.objective import shift_for_next_token, token_ce_sum
 
 
 @dataclass
@@ -47,11 +48,6 @@ class DistillSettings:
             raise ValueError(f"hidden_weight={self.hidden_weight!r} is not allowed: must be >= 0")
 
 
-def shift_for_next_token(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits at positions 0..L-2 paired with labels 1..L-1 (what a causal LM predicts)."""
-    return logits[:, :-1, :], labels[:, 1:]
-
-
 def token_kl_sum(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, temperature: float
 ) -> torch.Tensor:
@@ -60,16 +56,6 @@ def token_kl_sum(
     s_log = F.log_softmax(student_logits.float() / temperature, dim=-1)
     per_token = (t_log.exp() * (t_log - s_log)).sum(dim=-1)
     return (per_token * mask).sum()
-
-
-def token_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Σ of next-token cross-entropy over positions whose label is not -100, in fp32 (already shifted)."""
-    return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]),
-        labels.reshape(-1),
-        ignore_index=IGNORE_INDEX,
-        reduction="sum",
-    )
 
 
 def distillation_loss(

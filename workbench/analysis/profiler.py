@@ -1,4 +1,4 @@
-"""How fast does it train, against the chip's peak, and why not faster?
+"""[from profiling] How fast does it train, against the chip's peak, and why not faster?
 
 - `training_flops_per_token` / `mfu`: model FLOPs utilisation from `HardwareInfo`'s peak.
 - `StepProfiler`: called once per optimizer step; every `log_every` steps it returns one
@@ -17,99 +17,18 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import math
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench import runtime
+from workbench.analysis.flops import mfu
+from workbench.analysis.metrics import INTERVAL_KEYS, IntervalMetrics
+from workbench.backend import runtime
 
 if TYPE_CHECKING:
-    from workbench.hardware import HardwareInfo
-
-METRIC_KEYS: tuple[str, ...] = (
-    "step",
-    "loss",
-    "lr",
-    "step_time_s",
-    "tokens_per_s",
-    "mfu",
-    "compiles",
-    "compile_time_s",
-    "total_compiles",
-    "recompiled",
-    "transfers",
-    "host_rss_bytes",
-    "device_memory_bytes",
-    "device_memory_limit_bytes",
-    "tokens_seen",
-    "elapsed_s",
-    "eval_loss",
-)
-"""The metrics dict's contract keys (None where unknown)."""
-
-EXTRA_KEYS: tuple[str, ...] = (
-    "steps_in_interval",
-    "interval_s",
-    "input_wait_s",
-    "input_wait_fraction",
-    "compiled_program_bytes",
-    "recompile_steps",
-)
-"""Keys the profiler adds beyond the contract."""
-
-
-# ---- FLOPs and MFU ----------------------------------------------------------------------
-
-
-def training_flops_per_token(model_config: Any, seq_len: int) -> float:
-    """Training FLOPs per token: ``6 N + 12 L H Q T``.
-
-    Source: PaLM (Chowdhery et al., 2022), appendix B, "Compute usage and MFU": a forward
-    and backward pass costs 6 FLOPs per matmul parameter per token (2 forward, 4 backward),
-    plus ``6 L H (2 Q T)`` = ``12 L H Q T`` for the attention score and value matmuls, with
-    L layers, H heads, Q the head dimension and T the sequence length. (Chinchilla, Hoffmann
-    et al. 2022, appendix F counts the same terms, plus the softmax and embeddings, in detail.)
-    The causal mask is not discounted, as in PaLM.
-
-    N counts the parameters that take part in matrix multiplies: every parameter except
-    lookup-only embeddings (learned position embeddings, and the input embedding when it is
-    not tied to the LM head; a tied one is the LM head's matmul). This is the convention of
-    nanoGPT's ``estimate_mfu`` for GPT-2 (N = parameters minus ``wpe``).
-
-    Recomputation from activation checkpointing is not counted (MFU counts model FLOPs only).
-    """
-    from workbench.memory import model_shape
-
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len={seq_len!r} is not allowed: an int >= 1")
-    shape = model_shape(model_config)
-    return 6.0 * shape.matmul_parameters + 12.0 * shape.layers * shape.heads * shape.head_dim * seq_len
-
-
-def mfu(
-    tokens_per_s: float | None,
-    flops_per_token: float | None,
-    hw: HardwareInfo | None,
-    *,
-    peak_flops: float | None = None,
-) -> float | None:
-    """Model FLOPs utilisation: achieved training FLOP/s over the peak of all devices of the run.
-
-    `peak_flops` (total over all devices) overrides the hardware's figure, e.g. on the CPU,
-    whose peak the chip table does not know. None when any input is unknown.
-    """
-    if tokens_per_s is None or flops_per_token is None:
-        return None
-    peak = peak_flops
-    if peak is None and hw is not None and hw.peak_bf16_flops_per_device:
-        peak = hw.peak_bf16_flops_per_device * hw.num_devices
-    if not peak:
-        return None
-    return tokens_per_s * flops_per_token / peak
+    from workbench.backend.hardware import HardwareInfo
 
 
 # ---- advice -----------------------------------------------------------------------------
@@ -228,14 +147,13 @@ class StepProfiler:
         input_wait_s: float | None = None,
         eval_loss: float | None = None,
         log: bool | None = None,
-        extras: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any] | None:
+        grad_norm: Any = None,
+    ) -> IntervalMetrics | None:
         """Record one optimizer step of `tokens` real tokens. Returns the metrics dict at a log
         step (every `log_every` steps, or when `log=True`), else None.
 
-        `loss` may be a device tensor: it is read only at a log step. So may the values of
-        `extras` (e.g. ``{"grad_norm": tensor}``), which join the metrics under their own keys;
-        like the loss they are read after the interval's transfer count is taken, so the
+        `loss` may be a device tensor: it is read only at a log step. So may `grad_norm`; like
+        the loss it is read after the interval's transfer count is taken, so the
         profiler's own reads never count as the loop's transfers. Nothing here reads a device
         value between log steps.
         """
@@ -256,15 +174,13 @@ class StepProfiler:
             log = self._step % self.log_every == 0
         if not log:
             return None
-        return self._log(loss, lr, eval_loss, extras or {})
+        return self._log(loss, lr, eval_loss, grad_norm)
 
-    def _log(
-        self, loss: Any, lr: float | None, eval_loss: float | None, extras: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        # counters first: the profiler's own reads of the loss and extras are not the user's transfers
+    def _log(self, loss: Any, lr: float | None, eval_loss: float | None, grad_norm: Any) -> IntervalMetrics:
+        # counters first: the profiler's own reads of the loss and grad norm are not the user's transfers
         compiles, compile_time, transfers = self._counters()
         loss_value = _to_float(loss)
-        extra_values = {key: _to_float(value) for key, value in extras.items()}
+        grad_norm_value = _to_float(grad_norm)
         if loss_value is None and self._xla and self.sync_at_log:
             runtime.wait_device_ops()
         now = time.perf_counter()
@@ -274,7 +190,7 @@ class StepProfiler:
         steps = self._interval_steps
         tokens_per_s = self._interval_tokens / interval
         device_used, device_limit = self._device_memory()
-        metrics: dict[str, Any] = {
+        metrics: IntervalMetrics = {
             "step": self._step,
             "loss": loss_value,
             "lr": float(lr) if lr is not None else None,
@@ -298,7 +214,7 @@ class StepProfiler:
             "input_wait_fraction": self._interval_wait / interval,
             "compiled_program_bytes": self._compiled_program_bytes(),
             "recompile_steps": list(self._interval_recompiles),
-            **extra_values,
+            "grad_norm": grad_norm_value,
         }
         self.history.append(metrics)
         self._open_interval(time.perf_counter(), after_read)
@@ -435,10 +351,10 @@ class StepProfiler:
         return path
 
     def to_csv(self, path: str | Path) -> Path:
-        """One row per log interval; the contract keys first, then the extras."""
+        """One row per log interval, one column per `IntervalMetrics` key."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        columns = list(METRIC_KEYS) + [k for k in EXTRA_KEYS]
+        columns = list(INTERVAL_KEYS)
         with path.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
             writer.writeheader()
@@ -475,91 +391,3 @@ def _csv_cell(value: Any) -> Any:
 def _short(steps: Sequence[int], limit: int = 8) -> str:
     text = ", ".join(map(str, steps[:limit]))
     return text + (f", ... ({len(steps)} in all)" if len(steps) > limit else "")
-
-
-# ---- traces -----------------------------------------------------------------------------
-
-
-def trace(
-    step_fn: Callable[[], Any],
-    steps: int,
-    logdir: str | Path,
-    warmup: int = 2,
-    *,
-    hw: HardwareInfo | None = None,
-    port: int = 9012,
-) -> Path:
-    """Run `step_fn` `warmup` times (compiles land there), then capture a trace of `steps` more
-    calls into `logdir`, readable by TensorBoard (the profile plugin).
-
-    TPU: torch_xla's profiler server and a detached capture of the measured steps' duration.
-    CPU and GPU (XLA:CPU included): `torch.profiler`, one ``*.pt.trace.json`` per capture.
-    `step_fn` runs one whole step (including ``runtime.sync()`` on XLA).
-    """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} is not allowed: an int >= 1")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r} is not allowed: an int >= 0")
-    logdir = Path(logdir)
-    logdir.mkdir(parents=True, exist_ok=True)
-    xla = hw.via_xla if hw is not None else runtime.xla_imported()
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        step_fn()
-    if xla:
-        runtime.wait_device_ops()
-    per_step = (time.perf_counter() - t0) / max(warmup, 1)
-    if hw is not None and hw.backend == "tpu":  # pragma: no cover - TPU only
-        return _trace_tpu(step_fn, steps, logdir, per_step, port)
-    import torch
-
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if hw is not None and hw.backend == "cuda" and not hw.via_xla:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with warnings.catch_warnings():
-        # the warm-up steps ran above, outside the profiler: its "no warmup" warning does not apply
-        warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
-        profile = torch.profiler.profile(
-            activities=activities,
-            schedule=torch.profiler.schedule(wait=0, warmup=0, active=steps, repeat=1),
-            on_trace_ready=torch.profiler.tensorboard_trace_handler(str(logdir)),
-            record_shapes=False,
-        )
-    with profile as prof:
-        for i in range(steps):
-            with torch.profiler.record_function(f"train_step_{i}"):
-                step_fn()
-                if xla:
-                    runtime.wait_device_ops()
-            prof.step()
-    return logdir
-
-
-def _trace_tpu(
-    step_fn: Callable[[], Any], steps: int, logdir: Path, per_step: float, port: int
-) -> Path:  # pragma: no cover
-    """torch_xla's profiler: start the server once, capture in the background while the steps run."""
-    import threading
-
-    xp = runtime.profiler()
-    global _TPU_SERVER
-    if _TPU_SERVER is None:
-        _TPU_SERVER = xp.start_server(port)
-    duration_ms = max(1000, math.ceil(1000 * per_step * steps * 1.5) + 500)
-    capture = threading.Thread(
-        target=xp.trace,
-        args=(f"localhost:{port}", str(logdir)),
-        kwargs={"duration_ms": duration_ms},
-        daemon=True,
-    )
-    capture.start()
-    time.sleep(0.5)  # let the capture attach before the measured steps
-    for i in range(steps):
-        with xp.StepTrace("train_step", step_num=i):
-            step_fn()
-    runtime.wait_device_ops()
-    capture.join()
-    return logdir
-
-
-_TPU_SERVER: Any = None

@@ -1,4 +1,4 @@
-"""The one seam between the workbench and torch_xla.
+"""[from runtime] The one seam between the workbench and torch_xla.
 
 Every ``import torch_xla`` in the package lives in this module, behind small functions,
 so a successor backend (TorchTPU, say) can slot in by reimplementing this file alone.

@@ -1,4 +1,4 @@
-"""Text in, token ids out: the embedded corpus, a locally trained tokenizer, user data, chat SFT records.
+"""[from data] Text in, token ids out: the embedded corpus, a locally trained tokenizer, user data, chat SFT records.
 
 **The embedded corpus** (`embedded_corpus`) is real English technical prose that ships with
 Python itself, so the defaults need no download: the 79 topics of ``pydoc_data.topics`` (the
@@ -36,242 +36,17 @@ sampler, which counts them (`workbench.bucketing`).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib
-import inspect
-import itertools
 import json
 import os
-import random
-import re
-import shutil
-import tempfile
 import warnings
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from workbench.data.corpus import CHAT_SAMPLE, embedded_corpus
+from workbench.data.tokenizer import cache_root, get_tokenizer
+
 IGNORE_INDEX = -100
 """Label of a token that is not predicted (prompt, padding, packed borders); `torch`'s default ignore_index."""
-ASSETS = Path(__file__).resolve().parent / "assets"
-CHAT_SAMPLE = ASSETS / "chat_sample.jsonl"
-CACHE_ENV = "XLA_WORKBENCH_CACHE"
-_TOKENIZER_RECIPE = "bytelevel-bpe-v1"
-
-BOS, EOS, PAD = "<|bos|>", "<|end|>", "<|pad|>"
-ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
-SPECIAL_TOKENS = (PAD, BOS, EOS, *ROLE_TOKENS)
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
-)
-
-# Standard-library modules whose docstrings join the corpus: importing them has no side effects.
-_DOC_MODULES = (
-    "abc", "argparse", "array", "ast", "asyncio", "base64", "bisect", "builtins", "bz2", "calendar",
-    "cmath", "codecs", "collections", "collections.abc", "colorsys", "configparser", "contextlib",
-    "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis", "doctest", "email.message",
-    "enum", "filecmp", "fnmatch", "fractions", "ftplib", "functools", "getopt", "gettext", "glob",
-    "graphlib", "gzip", "hashlib", "heapq", "hmac", "html", "html.parser", "http.client",
-    "http.server", "imaplib", "inspect", "io", "ipaddress", "itertools", "json", "keyword",
-    "linecache", "locale", "logging", "lzma", "math", "mimetypes", "numbers", "operator", "os",
-    "os.path", "pathlib", "pickle", "platform", "pprint", "queue", "random", "re", "reprlib", "sched",
-    "secrets", "selectors", "shelve", "shlex", "shutil", "signal", "smtplib", "socket", "sqlite3",
-    "statistics", "string", "struct", "subprocess", "tarfile", "tempfile", "textwrap", "threading",
-    "time", "timeit", "tokenize", "tomllib", "traceback", "types", "typing", "unicodedata",
-    "unittest", "urllib.parse", "urllib.request", "uuid", "warnings", "wave", "weakref",
-    "xml.etree.ElementTree", "zipfile", "zlib", "zoneinfo",
-)  # fmt: skip
-
-_HEADING = re.compile(r"^(?P<title>[^\n]+)\n(?P<rule>[*=\-~^\"]{3,})$", re.MULTILINE)
-
-
-# ---- the embedded corpus ---------------------------------------------------------------------
-
-
-def _pack_units(units: list[str], sep: str, max_chars: int) -> list[str]:
-    """Join consecutive units with `sep` into pieces of at most `max_chars` (a longer unit stays whole)."""
-    out: list[str] = []
-    current = ""
-    for unit in units:
-        if current and len(current) + len(sep) + len(unit) > max_chars:
-            out.append(current)
-            current = unit
-        else:
-            current = f"{current}{sep}{unit}" if current else unit
-    if current:
-        out.append(current)
-    return out
-
-
-def _chunks(text: str, max_chars: int) -> list[str]:
-    """Split at blank lines into pieces of at most `max_chars`; a longer paragraph splits at line
-    breaks, a longer line at spaces."""
-    units: list[str] = []
-    for para in re.split(r"\n\s*\n", text.strip()):
-        para = para.strip("\n")
-        if not para.strip():
-            continue
-        if len(para) <= max_chars:
-            units.append(para)
-            continue
-        lines: list[str] = []
-        for line in para.split("\n"):
-            lines.extend([line] if len(line) <= max_chars else _pack_units(line.split(" "), " ", max_chars))
-        units.extend(_pack_units(lines, "\n", max_chars))
-    return _pack_units(units, "\n\n", max_chars)
-
-
-def _topic_sections(text: str) -> list[str]:
-    """A pydoc topic split at its reST headings (each section keeps its heading)."""
-    starts = [m.start() for m in _HEADING.finditer(text) if len(m.group("rule")) >= len(m.group("title")) - 2]
-    if not starts or starts[0] != 0:
-        starts = [0, *starts]
-    bounds = [*starts, len(text)]
-    return [text[a:b].strip() for a, b in itertools.pairwise(bounds) if text[a:b].strip()]
-
-
-def _module_docstrings(name: str) -> list[str]:
-    try:
-        module = importlib.import_module(name)
-    except ImportError:  # e.g. tomllib before 3.11
-        return []
-    docs = [inspect.getdoc(module) or ""]
-    owner = module.__name__
-    for attr in sorted(vars(module)):
-        if attr.startswith("_"):
-            continue
-        obj = vars(module)[attr]
-        if getattr(obj, "__module__", None) not in (owner, name) and name != "builtins":
-            continue
-        if not (inspect.isclass(obj) or inspect.isroutine(obj)):
-            continue
-        docs.append(inspect.getdoc(obj) or "")
-        if inspect.isclass(obj):
-            for member in sorted(vars(obj)):
-                if member.startswith("_") and member != "__init__":
-                    continue
-                value = vars(obj)[member]
-                if inspect.isroutine(value) or isinstance(value, (property, classmethod, staticmethod)):
-                    docs.append(inspect.getdoc(value) or "")
-    return docs
-
-
-@lru_cache(maxsize=4)
-def _corpus(max_chars: int) -> tuple[str, ...]:
-    import pydoc_data.topics
-
-    pieces: list[str] = []
-    for key in sorted(pydoc_data.topics.topics):
-        for section in _topic_sections(pydoc_data.topics.topics[key]):
-            pieces.extend(_chunks(section, max_chars))
-    with warnings.catch_warnings():  # reading e.g. typing.io's docstring warns that it is deprecated
-        warnings.simplefilter("ignore", DeprecationWarning)
-        docstrings = [doc for name in _DOC_MODULES for doc in _module_docstrings(name)]
-    for doc in docstrings:
-        pieces.extend(_chunks(doc, max_chars))
-    seen: set[str] = set()
-    out = []
-    for piece in pieces:
-        if len(piece) >= 40 and piece not in seen:
-            seen.add(piece)
-            out.append(piece)
-    return tuple(out)
-
-
-def embedded_corpus(max_chars: int = 500) -> list[str]:
-    """Real text shipped with Python: pydoc topic sections and stdlib docstrings, in a fixed order."""
-    if max_chars < 100:
-        raise ValueError(f"max_chars={max_chars} is not allowed: must be >= 100")
-    return list(_corpus(int(max_chars)))
-
-
-# ---- the tokenizer ---------------------------------------------------------------------------
-
-
-def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Where the workbench caches files: `cache_dir`, else $XLA_WORKBENCH_CACHE, else ~/.cache/xla-workbench."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get(CACHE_ENV, "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "xla-workbench"
-
-
-def _tokenizer_key(corpus: list[str], vocab_size: int) -> str:
-    digest = hashlib.sha256()
-    digest.update(f"{_TOKENIZER_RECIPE}|{vocab_size}|{'|'.join(SPECIAL_TOKENS)}|{CHAT_TEMPLATE}".encode())
-    for text in corpus:
-        digest.update(text.encode("utf-8", "surrogatepass"))
-        digest.update(b"\x00")
-    return digest.hexdigest()[:20]
-
-
-def train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
-    """A byte-level BPE trained on `corpus`, as a `transformers` fast tokenizer with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    if vocab_size < 64:
-        raise ValueError(f"data.tokenizer_vocab_size={vocab_size} is not allowed: must be >= 64")
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    core.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        additional_special_tokens=list(ROLE_TOKENS),
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=1_000_000,
-        clean_up_tokenization_spaces=False,
-    )
-
-
-def get_tokenizer(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None) -> Any:
-    """`data_cfg.tokenizer_path` through AutoTokenizer, else the BPE on the embedded corpus (cached)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    if data_cfg.tokenizer_path:
-        path = Path(data_cfg.tokenizer_path).expanduser()
-        if not path.is_dir():
-            raise FileNotFoundError(
-                f"data.tokenizer_path={data_cfg.tokenizer_path!r} is not a directory; "
-                "give a local tokenizer directory (from save_pretrained) or null to train one"
-            )
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-            tokenizer.pad_token = tokenizer.eos_token  # padding is masked out of the loss anyway
-        return tokenizer
-    corpus = embedded_corpus()
-    vocab = int(data_cfg.tokenizer_vocab_size)
-    target = cache_root(cache_dir) / "tokenizers" / _tokenizer_key(corpus, vocab)
-    if (target / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(str(target))
-    tokenizer = train_tokenizer(corpus, vocab)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tok-", dir=target.parent))
-    try:
-        tokenizer.save_pretrained(str(staging))
-        staging.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared like any cache dir
-        # Atomic: a reader never sees a half-written tokenizer. OSError: another process won the
-        # race, and its copy is identical.
-        with contextlib.suppress(OSError):
-            staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return tokenizer
 
 
 # ---- records ---------------------------------------------------------------------------------
@@ -508,7 +283,7 @@ def shard_for_host(
 
 def _host_share() -> tuple[int, int]:
     """(process count, index) when the XLA runtime already runs; (1, 0) otherwise (never starts it)."""
-    from workbench import runtime
+    from workbench.backend import runtime
 
     if runtime.runtime_started():
         return runtime.process_count(), runtime.process_index()
@@ -538,83 +313,3 @@ def build_datasets(
         train_ds = tokenized.shuffle(seed=int(cfg.train.seed))
     count, index = _host_share()
     return shard_for_host(train_ds, count, index), eval_ds, tokenizer
-
-
-# ---- how the shipped chat sample was made ------------------------------------------------------
-
-_CHAT_MODULES = (
-    "bisect", "collections", "copy", "csv", "datetime", "difflib", "fnmatch", "functools", "glob",
-    "hashlib", "heapq", "itertools", "json", "math", "operator", "os", "os.path", "random", "re",
-    "shlex", "shutil", "statistics", "string", "textwrap", "time", "urllib.parse", "zlib",
-)  # fmt: skip
-_QUESTIONS = (
-    "What does `{q}` do?",
-    "Explain `{q}` from the Python standard library.",
-    "In Python, what is `{q}` for?",
-    "I found `{q}` in some code. What does it do?",
-    "Briefly, how does `{q}` behave?",
-)
-_SYSTEM = "You answer questions about the Python standard library, briefly and precisely."
-
-
-def generate_chat_sample(path: str | os.PathLike[str] = CHAT_SAMPLE, limit: int = 320, seed: int = 0) -> int:
-    """Write the chat sample: questions about stdlib callables answered from their docstrings.
-
-    This is how ``assets/chat_sample.jsonl`` was made (CPython 3.11). Answers are the first
-    paragraph of each docstring; some records get a system turn, some a second turn asking for
-    the signature, and every fifth is stored in prompt/response form. Returns the record count.
-    """
-    rng = random.Random(seed)
-    items = []
-    for name in _CHAT_MODULES:
-        module = importlib.import_module(name)
-        for attr in sorted(vars(module)):
-            obj = vars(module)[attr]
-            if attr.startswith("_") or not callable(obj):
-                continue
-            doc = inspect.getdoc(obj) or ""
-            para = " ".join(doc.split("\n\n")[0].split())
-            if not 40 <= len(para) <= 600:
-                continue
-            try:
-                signature = str(inspect.signature(obj))
-            except (TypeError, ValueError):
-                signature = None
-            items.append((f"{name}.{attr}", para, signature))
-    rng.shuffle(items)
-    records = []
-    for i, (qualname, answer, signature) in enumerate(items[:limit]):
-        question = rng.choice(_QUESTIONS).format(q=qualname)
-        if i % 5 == 4:
-            records.append({"prompt": question, "response": answer})
-            continue
-        messages = [{"role": "system", "content": _SYSTEM}] if i % 3 == 0 else []
-        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        if signature is not None and i % 4 == 1:
-            messages += [
-                {"role": "user", "content": "What is its signature?"},
-                {"role": "assistant", "content": f"`{qualname}{signature}`"},
-            ]
-        records.append({"messages": messages})
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-    return len(records)
-
-
-__all__ = [
-    "CHAT_TEMPLATE",
-    "IGNORE_INDEX",
-    "SPECIAL_TOKENS",
-    "build_datasets",
-    "cache_root",
-    "embedded_corpus",
-    "generate_chat_sample",
-    "get_tokenizer",
-    "host_shard_bounds",
-    "load_records",
-    "shard_for_host",
-    "tokenize_records",
-    "train_tokenizer",
-]

@@ -1,4 +1,4 @@
-"""Will it fit? Per-device memory of one training step, estimated before anything compiles.
+"""[from memory] Will it fit? Per-device memory of one training step, estimated before anything compiles.
 
 `estimate` adds up, per device, what a training step holds at its peak: parameters,
 gradients, optimizer state, the activations saved for the backward pass (a per-layer
@@ -39,13 +39,13 @@ the micro-batch and doubles gradient accumulation (`run_with_oom_retry`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 # sharding imports only `workbench.runtime` (no torch_xla at import time) and nothing imports
 # memory back, so the mesh sizes, the batch rule and the byte formatter come from one place
-from workbench.sharding import axis_sizes_of, batch_size_problem, data_parallel_size, format_bytes
+from workbench.parallel.mesh import axis_sizes_of, batch_size_problem, data_parallel_size
+from workbench.units import GiB, format_bytes
 
 Precision = Literal["fp32", "bf16-mixed", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "bf16")
@@ -64,7 +64,6 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
 )
 """Every key of `MemoryEstimate.breakdown`, in display order."""
 
-GiB = 1024**3
 
 # ---- the model's shape ---------------------------------------------------------------
 
@@ -192,7 +191,7 @@ def model_shape(model_config: Any) -> ModelShape:
 
             config = tf.AutoConfig.from_pretrained(model_config.pretrained_path)
         else:
-            from workbench.models import hf_config
+            from workbench.models.build import hf_config
 
             config = hf_config(model_config)
     family = getattr(config, "model_type", None)
@@ -335,7 +334,7 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def _mesh_sizes(mesh: Any) -> dict[str, int]:
+def mesh_sizes(mesh: Any) -> dict[str, int]:
     """``{"data", "fsdp", "model"}`` sizes of a resolved `MeshSpec`, a torch_xla mesh or a mapping
     (axes it lacks count 1); None is one device."""
     if mesh is None:
@@ -406,11 +405,11 @@ def estimate(
                 f"attention={attention!r} is not allowed: one of {', '.join(map(repr, ATTENTIONS))}"
             )
         shape = ModelShape(**{**shape.__dict__, "attention": attention})
-    _check_positive("batch_size", batch_size)
-    _check_positive("seq_len", seq_len)
-    _check_positive("grad_accum", grad_accum)
+    check_positive("batch_size", batch_size)
+    check_positive("seq_len", seq_len)
+    check_positive("grad_accum", grad_accum)
     nbytes = _bytes_for(precision)
-    sizes = _mesh_sizes(mesh)
+    sizes = mesh_sizes(mesh)
     problem = batch_size_problem(batch_size, sizes)
     if problem is not None:
         raise ValueError(f"batch_size={batch_size} is not allowed: {problem}")
@@ -466,498 +465,6 @@ def estimate(
     )
 
 
-def _check_positive(name: str, value: Any) -> None:
+def check_positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} is not allowed: an int >= 1")
-
-
-def estimate_table(
-    model_config: Any,
-    batch_sizes: Iterable[int],
-    seq_lens: Iterable[int],
-    *,
-    memory_bytes: int | None = None,
-    headroom: float = 0.1,
-    **estimate_kwargs: Any,
-) -> list[dict[str, Any]]:
-    """One row per (batch size, sequence length): total bytes, GiB, the largest parts, and whether it fits."""
-    rows = []
-    for seq_len in seq_lens:
-        for batch_size in batch_sizes:
-            est = estimate(model_config, batch_size=batch_size, seq_len=seq_len, **estimate_kwargs)
-            rows.append(
-                {
-                    "batch_size": batch_size,
-                    "seq_len": seq_len,
-                    "total_bytes": est.total_bytes,
-                    "total_gib": round(est.total_gib, 4),
-                    **{
-                        k: v
-                        for k, v in est.breakdown.items()
-                        if k in ("params", "grads", "optimizer", "activations", "logits")
-                    },
-                    "fits": est.fits(memory_bytes, headroom) if memory_bytes is not None else None,
-                }
-            )
-    return rows
-
-
-def fit_across_targets(
-    model_config: Any,
-    targets: Mapping[str, Any],
-    *,
-    batch_size: int,
-    seq_len: int,
-    headroom: float = 0.1,
-    **estimate_kwargs: Any,
-) -> list[dict[str, Any]]:
-    """One row per target: will `model_config` train there, and how large a batch fits?
-
-    A target is anything with ``memory_per_device_bytes`` and ``num_devices`` (a `HardwareInfo`,
-    the config panel's named slices). Each is planned with FSDP over all its devices, the default
-    the workbench uses on a multi-chip slice, and `batch_size` is rounded up to a multiple of
-    the device count so every device gets whole sequences.
-    """
-    rows = []
-    for name, target in targets.items():
-        devices, limit = int(target.num_devices), target.memory_per_device_bytes
-        mesh = {"data": 1, "fsdp": devices, "model": 1}
-        batch = -(-batch_size // devices) * devices
-        est = estimate(model_config, batch_size=batch, seq_len=seq_len, mesh=mesh, **estimate_kwargs)
-        largest = (
-            max_batch_size(
-                model_config,
-                seq_len=seq_len,
-                memory_bytes=limit,
-                headroom=headroom,
-                mesh=mesh,
-                **estimate_kwargs,
-            )
-            if limit
-            else None
-        )
-        rows.append(
-            {
-                "target": name,
-                "devices": devices,
-                "batch_size": batch,
-                "gib_per_device": round(est.total_gib, 3),
-                "memory_gib": round(limit / GiB, 1) if limit else None,
-                "fits": est.fits(limit, headroom) if limit else None,
-                "largest_batch": largest,
-            }
-        )
-    return rows
-
-
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """Rows of dicts as an aligned text table."""
-    if not rows:
-        return "(empty)"
-    columns = list(columns or rows[0].keys())
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    head = "  ".join(c.rjust(w) for c, w in zip(columns, widths))
-    return "\n".join(
-        [head, "  ".join("-" * w for w in widths)]
-        + ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
-    )
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "-" if value is None else str(value)
-
-
-# ---- the largest batch -----------------------------------------------------------------
-
-
-def max_batch_size(
-    model_config: Any,
-    *,
-    seq_len: int,
-    memory_bytes: int,
-    multiple_of: int = 1,
-    headroom: float = 0.1,
-    limit: int = 1 << 20,
-    **estimate_kwargs: Any,
-) -> int:
-    """The largest global batch whose estimate fits in `memory_bytes` per device; 0 when not even
-    the smallest allowed batch fits.
-
-    The batch is a multiple of `multiple_of` and of the data-parallel size (data x fsdp) of a
-    ``mesh=`` in `estimate_kwargs` (their least common multiple): `estimate` refuses a batch
-    that does not split over the mesh, so the default ``multiple_of=1`` works with a mesh too.
-    """
-    _check_positive("multiple_of", multiple_of)
-    _check_positive("memory_bytes", memory_bytes)
-    step = math.lcm(multiple_of, _mesh_dp(estimate_kwargs))
-
-    def fits(k: int) -> bool:
-        est = estimate(model_config, batch_size=k * step, seq_len=seq_len, **estimate_kwargs)
-        return est.fits(memory_bytes, headroom)
-
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi * step <= limit and fits(hi):  # the estimate grows with the batch: double, then bisect
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit // step + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo * step
-
-
-def _mesh_dp(estimate_kwargs: Mapping[str, Any]) -> int:
-    """The data-parallel size (data x fsdp) of the ``mesh=`` among `estimate` keyword arguments; 1 without one."""
-    return data_parallel_size(_mesh_sizes(estimate_kwargs.get("mesh")))
-
-
-@dataclass
-class BatchPlan:
-    """What `find_batch_size` chose and why."""
-
-    batch_size: int
-    """Global micro-batch to run with (0: nothing fits)."""
-    estimate: MemoryEstimate | None
-    compiled_bytes: int | None
-    """The compiled program's per-device peak for `batch_size`, where the backend reported one."""
-    memory_bytes: int
-    candidates: list[dict[str, Any]] = field(default_factory=list)
-    """Every size considered: batch_size, estimate_bytes, compiled_bytes, fits, reason."""
-
-
-def find_batch_size(
-    model_config: Any,
-    *,
-    seq_len: int,
-    memory_bytes: int,
-    dp_size: int | None = None,
-    candidates: Sequence[int] | None = None,
-    headroom: float = 0.1,
-    compiled_bytes: Callable[[int], int | None] | None = None,
-    **estimate_kwargs: Any,
-) -> BatchPlan:
-    """Choose the global micro-batch before running anything.
-
-    Candidates are multiples of `step`, the least common multiple of `dp_size` and the data-parallel
-    size (data x fsdp) of a ``mesh=`` in `estimate_kwargs`; `dp_size` defaults to the mesh's (1
-    without a mesh). Default candidates: step x 1, 2, 4, ... up to the estimate's largest fit and
-    one beyond. The largest candidate whose estimate fits is checked with
-    `compiled_bytes(batch)` when given (e.g. compile the step without running it and read the
-    compiler's memory analysis); if the compiler says it does not fit, the next smaller candidate
-    is tried. A `None` from the probe (backend reports nothing) keeps the estimate's verdict.
-    """
-    mesh_dp = _mesh_dp(estimate_kwargs)
-    if dp_size is None:
-        dp_size = mesh_dp
-    _check_positive("dp_size", dp_size)
-    step = math.lcm(dp_size, mesh_dp)
-    if candidates is None:
-        best = max_batch_size(
-            model_config,
-            seq_len=seq_len,
-            memory_bytes=memory_bytes,
-            multiple_of=step,
-            headroom=headroom,
-            **estimate_kwargs,
-        )
-        top = max(best, step) * 2
-        candidates = []
-        k = step
-        while k <= top:
-            candidates.append(k)
-            k *= 2
-        if best and best not in candidates:
-            candidates.append(best)
-    for c in candidates:
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1 or c % step:
-            allowed = (
-                f"dp_size={dp_size}"
-                if step == dp_size
-                else f"{step} (the least common multiple of dp_size={dp_size} and the mesh's data x fsdp = {mesh_dp})"
-            )
-            raise ValueError(f"candidate batch size {c!r} is not allowed: a positive multiple of {allowed}")
-    budget = memory_bytes * (1 - headroom)
-    rows: list[dict[str, Any]] = []
-    ordered = sorted(set(candidates), reverse=True)
-    chosen, chosen_est, chosen_compiled = 0, None, None
-    for c in ordered:
-        est = estimate(model_config, batch_size=c, seq_len=seq_len, **estimate_kwargs)
-        row: dict[str, Any] = {"batch_size": c, "estimate_bytes": est.total_bytes, "compiled_bytes": None}
-        if chosen:
-            row.update(fits=est.fits(memory_bytes, headroom), reason="smaller than the chosen size")
-        elif not est.fits(memory_bytes, headroom):
-            row.update(fits=False, reason="estimate over budget")
-        else:
-            measured = compiled_bytes(c) if compiled_bytes is not None else None
-            row["compiled_bytes"] = measured
-            if measured is not None and measured > budget:
-                row.update(fits=False, reason="compiled program over budget")
-            else:
-                row.update(
-                    fits=True,
-                    reason="chosen" + (" (compiler agrees)" if measured is not None else " (estimate)"),
-                )
-                chosen, chosen_est, chosen_compiled = c, est, measured
-        rows.append(row)
-    rows.sort(key=lambda r: r["batch_size"])
-    return BatchPlan(
-        batch_size=chosen,
-        estimate=chosen_est,
-        compiled_bytes=chosen_compiled,
-        memory_bytes=memory_bytes,
-        candidates=rows,
-    )
-
-
-# ---- out-of-memory retry ----------------------------------------------------------------
-
-_OOM_MARKERS = (
-    "resource_exhausted",
-    "resource exhausted",
-    "out of memory",
-    "oom when allocating",
-    "attempting to reserve",
-    "attempting to allocate",
-    "ran out of memory",
-)
-
-
-def is_oom_error(exc: BaseException) -> bool:
-    """True for a device out-of-memory error: XLA's RESOURCE_EXHAUSTED, CUDA out of memory,
-    `torch.OutOfMemoryError` (also when it is the cause of another exception)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if type(current).__name__ in ("OutOfMemoryError", "ResourceExhaustedError"):
-            return True
-        text = str(current).lower()
-        if any(marker in text for marker in _OOM_MARKERS):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-@dataclass
-class RetryResult:
-    """The value `fn` returned and the micro-batch / accumulation it finally ran with."""
-
-    value: Any
-    micro_batch: int
-    grad_accum: int
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per try: micro_batch, grad_accum, error (None for the one that worked)."""
-
-    @property
-    def effective_batch(self) -> int:
-        return self.micro_batch * self.grad_accum
-
-
-def run_with_oom_retry(
-    fn: Callable[[int, int], Any],
-    *,
-    micro_batch: int,
-    grad_accum: int,
-    min_micro_batch: int = 1,
-    multiple_of: int = 1,
-    on_retry: Callable[[int, int, BaseException], None] | None = None,
-) -> RetryResult:
-    """Call ``fn(micro_batch, grad_accum)``; on an out-of-memory error halve the micro-batch and
-    double the accumulation (same effective batch) and call again, down to `min_micro_batch`.
-
-    The micro-batch stays a multiple of `multiple_of` (the data-parallel size). Errors that are
-    not out-of-memory, and an OOM at the smallest micro-batch, propagate unchanged.
-    """
-    _check_positive("micro_batch", micro_batch)
-    _check_positive("grad_accum", grad_accum)
-    _check_positive("min_micro_batch", min_micro_batch)
-    _check_positive("multiple_of", multiple_of)
-    if micro_batch % multiple_of:
-        raise ValueError(f"micro_batch={micro_batch} is not allowed: a multiple of multiple_of={multiple_of}")
-    attempts: list[dict[str, Any]] = []
-    while True:
-        try:
-            value = fn(micro_batch, grad_accum)
-        except Exception as exc:
-            if not is_oom_error(exc):
-                raise
-            attempts.append(
-                {
-                    "micro_batch": micro_batch,
-                    "grad_accum": grad_accum,
-                    "error": f"{type(exc).__name__}: {exc}"[:300],
-                }
-            )
-            half = micro_batch // 2
-            if micro_batch % 2 or half < min_micro_batch or half % multiple_of:
-                raise
-            if on_retry is not None:
-                on_retry(half, grad_accum * 2, exc)
-            micro_batch, grad_accum = half, grad_accum * 2
-            continue
-        attempts.append({"micro_batch": micro_batch, "grad_accum": grad_accum, "error": None})
-        return RetryResult(value=value, micro_batch=micro_batch, grad_accum=grad_accum, attempts=attempts)
-
-
-# ---- the compiler's figure ---------------------------------------------------------------
-
-
-def compiled_step_probe(
-    cfg: Any, *, seq_len: int, gradient_checkpointing: bool = False, optimizer: str = "adamw", seed: int = 0
-) -> Callable[[int], int | None]:
-    """A `compiled_bytes` probe for `find_batch_size`: for a batch size, trace one training step of
-    a fresh model of `cfg` (a workbench `ModelConfig`) and compile it without running it
-    (``runtime.compile_only``), then return the compiler's per-device peak for that program.
-
-    Returns None for every size when the compile memory log is off (the backend reports nothing).
-    The probe holds a second copy of the weights on the device while it compiles: for models
-    that fill the chip, pass a probe that traces the real model instead.
-    """
-
-    seen: dict[int, int | None] = {}  # a second compile of the same program hits the cache and logs nothing
-
-    def probe(batch_size: int) -> int | None:
-        if batch_size in seen:
-            return seen[batch_size]
-        import torch
-
-        from workbench import runtime
-        from workbench.models import build_model, enable_gradient_checkpointing
-
-        if runtime.compile_memory_log_path() is None:
-            return None
-        before = len(runtime.compiled_memory_records())
-        dev = runtime.device()
-        model = build_model(cfg, seed=seed).to(dev)
-        model.tie_weights()
-        model.train()
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(model, xla=True)
-        params = [p for p in model.parameters() if p.requires_grad]
-        ids = torch.zeros((batch_size, seq_len), dtype=torch.long, device=dev)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        if optimizer == "adamw":
-            # the steady-state step: moments exist, as after the first real step
-            opt = torch.optim.AdamW(params, lr=1e-3)
-            for p in params:
-                opt.state[p] = {
-                    "step": torch.tensor(1.0),
-                    "exp_avg": torch.zeros_like(p),
-                    "exp_avg_sq": torch.zeros_like(p),
-                }
-            opt.step()
-            outputs = [
-                loss,
-                *params,
-                *(t for p in params for t in (opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"])),
-            ]
-        else:
-            outputs = [loss, *params, *(p.grad for p in params)]
-        runtime.compile_only(outputs)
-        records = runtime.compiled_memory_records()[before:]
-        seen[batch_size] = max(r.peak_bytes for r in records) if records else None
-        return seen[batch_size]
-
-    return probe
-
-
-@dataclass(frozen=True)
-class CompiledStepMemory:
-    """The compiler's memory analysis of a real training step, next to the estimate."""
-
-    peak_bytes: int
-    argument_bytes: int
-    output_bytes: int
-    alias_bytes: int
-    temp_bytes: int
-    programs: int
-    """Programs compiled for the measured steps (the steady-state step is the largest)."""
-
-
-def compiled_step_memory(
-    cfg: Any,
-    *,
-    batch_size: int,
-    seq_len: int,
-    gradient_checkpointing: bool = False,
-    fsdp: int = 1,
-    optimizer: str = "adamw",
-    precision: str = "fp32",
-    steps: int = 2,
-    seed: int = 0,
-) -> CompiledStepMemory:
-    """Build the model of `cfg` (a workbench `ModelConfig`), run `steps` real training steps on the
-    XLA device and return the compiler's analysis of the largest compiled step program.
-
-    Needs the compile memory log (`runtime.enable_compile_memory_log`) on before the first compile;
-    `fsdp` > 1 needs SPMD on (``runtime.use_spmd()`` before any XLA tensor) and shards every
-    parameter's first dimension and the batch over an ``("fsdp",)`` mesh of that many devices.
-    Precision is XLA:CPU's native fp32 unless `precision='bf16'` (weights cast to bf16).
-    """
-    import torch
-
-    from workbench import runtime
-    from workbench.models import build_model, enable_gradient_checkpointing
-
-    if runtime.compile_memory_log_path() is None:
-        raise RuntimeError(
-            "compiled_step_memory needs runtime.enable_compile_memory_log(path) before the first compile"
-        )
-    before = len(runtime.compiled_memory_records())
-    dev = runtime.device()
-    model = build_model(cfg, seed=seed)
-    if precision == "bf16":
-        model = model.to(torch.bfloat16)
-    elif precision != "fp32":
-        raise ValueError(
-            f"precision={precision!r} is not allowed here: 'fp32' or 'bf16' (XLA:CPU has no autocast check)"
-        )
-    model = model.to(dev)
-    # moving to an XLA device unties tied weights (new Parameters per module): tie them again
-    model.tie_weights()
-    model.train()
-    if gradient_checkpointing:
-        enable_gradient_checkpointing(model, xla=True)
-    mesh = None
-    if fsdp > 1:
-        mesh = runtime.spmd_mesh(list(range(fsdp)), (fsdp,), ("fsdp",))
-        for p in model.parameters():
-            runtime.mark_sharding(p, mesh, ("fsdp",) + (None,) * (p.dim() - 1))
-    if optimizer == "adamw":
-        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    elif optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    elif optimizer == "adafactor":
-        opt = torch.optim.Adafactor(model.parameters(), lr=1e-3)
-    else:
-        raise ValueError(f"optimizer={optimizer!r} is not allowed: one of {', '.join(map(repr, OPTIMIZERS))}")
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len), generator=gen).to(dev)
-    if mesh is not None:
-        runtime.mark_sharding(ids, mesh, ("fsdp", None))
-    for _ in range(steps):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        runtime.sync()
-    runtime.wait_device_ops()
-    records = runtime.compiled_memory_records()[before:]
-    if not records:
-        raise RuntimeError(
-            "no compiled program was logged: was the compile memory log enabled before the first compile?"
-        )
-    biggest = max(records, key=lambda r: r.peak_bytes)
-    return CompiledStepMemory(
-        peak_bytes=biggest.peak_bytes,
-        argument_bytes=biggest.argument_bytes,
-        output_bytes=biggest.output_bytes,
-        alias_bytes=biggest.alias_bytes,
-        temp_bytes=biggest.temp_bytes,
-        programs=len(records),
-    )

@@ -1,4 +1,4 @@
-"""The training loop: one loop, correct on XLA (TPU, XLA:CPU) and plain on CUDA and CPU.
+"""[from train] The training loop: one loop, correct on XLA (TPU, XLA:CPU) and plain on CUDA and CPU.
 
 How a step runs (and why):
 
@@ -54,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,23 +61,20 @@ from typing import Any
 
 import torch
 
-from workbench import runtime
-from workbench.bucketing import prewarm, synthetic_batch
-from workbench.checkpoint import CheckpointManager, capture_rng, restore_rng
+from workbench.backend import runtime
+from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
-from workbench.distill import (
-    IGNORE_INDEX,
-    DistillationObjective,
-    DistillSettings,
-    shift_for_next_token,
-    token_ce_sum,
-)
-from workbench.hardware import HardwareError, HardwareInfo, detect
-from workbench.models import build_model, enable_gradient_checkpointing
-from workbench.optim import build_optimizer, init_optimizer_state, warmup_cosine
+from workbench.data.loader import prewarm, synthetic_batch
+from workbench.data.records import IGNORE_INDEX
+from workbench.models.build import build_model, enable_gradient_checkpointing
+from workbench.train.checkpoint import CheckpointManager
+from workbench.train.distill import DistillationObjective, DistillSettings
+from workbench.train.objective import MODEL_INPUT_KEYS, CausalLMObjective, shift_for_next_token, token_ce_sum
+from workbench.train.optim import build_optimizer, init_optimizer_state, warmup_cosine
+from workbench.train.state_io import capture_rng, restore_rng
+from workbench.train.stream import BatchInfo, HostStream
 
 Callback = Callable[[dict], None]
-MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 @dataclass
@@ -106,139 +102,10 @@ class TrainResult:
 # ---- hardware ----------------------------------------------------------------------------------
 
 
-def select_hardware(device_type: str = "auto", notices: list[str] | None = None) -> HardwareInfo:
-    """`hardware.detect`, but with "auto" saying which backend could not start and why.
-
-    Order: TPU (when torch_xla and TPU signs are present) -> CUDA -> XLA:CPU (PJRT_DEVICE=CPU) -> CPU.
-    """
-    notices = notices if notices is not None else []
-    if device_type != "auto":
-        return detect(device_type)  # type: ignore[arg-type]
-    pjrt = runtime.env_requests_xla()
-    attempts: list[tuple[str, Callable[[], bool]]] = [
-        ("tpu", lambda: runtime.xla_installed() and pjrt in (None, "TPU") and runtime.tpu_present()),
-        ("cuda", _cuda_present),
-        ("xla", lambda: runtime.xla_installed() and pjrt == "CPU"),
-    ]
-    for kind, present in attempts:
-        if not present():
-            continue
-        try:
-            return detect(kind)  # type: ignore[arg-type]
-        except Exception as err:  # a backend that is there but cannot start: say so, try the next
-            message = f"device_type='auto': {kind} is present but could not start ({err}); falling back"
-            notices.append(message)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
-    return detect("cpu")
-
-
-def _cuda_present() -> bool:
-    try:
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
 def _is_oom_error(exc: BaseException) -> bool:
-    from workbench.memory import is_oom_error
+    from workbench.train.oom import is_oom_error
 
     return bool(is_oom_error(exc))
-
-
-# ---- objectives ----------------------------------------------------------------------------------
-
-
-class CausalLMObjective(torch.nn.Module):
-    """Next-token cross-entropy: returns the sum over real positions and their count (fp32)."""
-
-    def forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        inputs = {k: v for k, v in batch.items() if k in MODEL_INPUT_KEYS}
-        logits = model(**inputs, use_cache=False).logits
-        s, y = shift_for_next_token(logits, batch["labels"])
-        return {"loss_sum": token_ce_sum(s, y), "tokens": (y != IGNORE_INDEX).sum().to(torch.float32)}
-
-
-# ---- data streams ----------------------------------------------------------------------------------
-
-
-@dataclass
-class BatchInfo:
-    epoch: int
-    index: int
-    """Position of the batch within its epoch (0-based)."""
-    sequences: int
-    tokens: int
-    """Real (non-padding) input tokens."""
-    shape: tuple[int, int]
-
-
-class _SkipBatches:
-    """A batch sampler that drops its first `skip` index lists (resuming inside an epoch)."""
-
-    def __init__(self, batch_sampler: Iterable[list[int]], skip: int) -> None:
-        self.batch_sampler, self.skip = batch_sampler, skip
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for i, indices in enumerate(self.batch_sampler):
-            if i >= self.skip:
-                yield indices
-
-    def __len__(self) -> int:
-        return max(0, len(self.batch_sampler) - self.skip)  # type: ignore[arg-type]
-
-
-def _real_tokens(batch: dict[str, torch.Tensor]) -> int:
-    if "attention_mask" in batch and batch["attention_mask"].dim() == 2:
-        return int(batch["attention_mask"].sum())
-    if "labels" in batch:
-        return int((batch["labels"] != IGNORE_INDEX).sum())
-    return int(batch["input_ids"].numel())
-
-
-class HostStream:
-    """Endless host batches over epochs, starting at (epoch, batch index), recording each batch's facts.
-
-    Facts (`BatchInfo`) are appended to `infos` in order as batches are produced (possibly
-    ahead, in the device loader's thread); the trainer pops one per batch it consumes, so it
-    knows real-token counts and its exact data position without touching device tensors.
-    """
-
-    def __init__(self, loader: Any, *, start_epoch: int = 0, skip: int = 0) -> None:
-        self.loader = loader
-        self.start_epoch, self.skip = start_epoch, skip
-        self.infos: deque[BatchInfo] = deque()
-
-    def _epoch_loader(self, skip: int) -> Iterable[dict]:
-        if skip == 0:
-            return self.loader
-        from torch.utils.data import DataLoader
-
-        return DataLoader(
-            self.loader.dataset,
-            batch_sampler=_SkipBatches(self.loader.batch_sampler, skip),
-            collate_fn=self.loader.collate_fn,
-            num_workers=self.loader.num_workers,
-        )
-
-    def __iter__(self) -> Iterator[dict]:
-        epoch, skip = self.start_epoch, self.skip
-        while True:
-            for owner in (getattr(self.loader, "batch_sampler", None), getattr(self.loader, "sampler", None)):
-                if hasattr(owner, "set_epoch"):
-                    owner.set_epoch(epoch)
-            produced = 0
-            for index, batch in enumerate(self._epoch_loader(skip), start=skip):
-                ids = batch["input_ids"]
-                self.infos.append(
-                    BatchInfo(epoch, index, int(ids.shape[0]), _real_tokens(batch), tuple(ids.shape[:2]))
-                )
-                produced += 1
-                yield batch
-            if produced == 0 and skip == 0:
-                raise ValueError(
-                    "the training loader produced no batch: the dataset is empty or smaller than one batch"
-                )
-            epoch, skip = epoch + 1, 0
 
 
 # ---- the trainer ---------------------------------------------------------------------------------
@@ -267,11 +134,12 @@ class Trainer:
         self.cfg = cfg
         self.notices: list[str] = []
         self.callbacks = list(callbacks)
-        self.hw = hardware or select_hardware(cfg.train.device_type, self.notices)
+        self.hw = hardware or detect(cfg.train.device_type)
+        self.notices.extend(self.hw.notices)
         self._xla = self.hw.via_xla
         self.mesh_spec, self.mesh = None, None
         if self._xla and cfg.mesh.enabled:
-            from workbench.sharding import mesh_from_config
+            from workbench.parallel.mesh import mesh_from_config
 
             self.mesh_spec = mesh_from_config(cfg.mesh, self.hw)
             self.mesh = self.mesh_spec.build() if self.mesh_spec is not None else None
@@ -281,7 +149,7 @@ class Trainer:
 
         self.train_dataset, self.eval_dataset, self.tokenizer = train_dataset, eval_dataset, tokenizer
         if self.train_dataset is None:
-            from workbench.data import build_datasets
+            from workbench.data.records import build_datasets
 
             self.train_dataset, built_eval, self.tokenizer = build_datasets(cfg, tokenizer)
             if self.eval_dataset is None:
@@ -347,7 +215,7 @@ class Trainer:
     # ---- setup helpers ----
     def _place(self, module: torch.nn.Module) -> Any:
         if self.mesh is not None:
-            from workbench.sharding import shard_model
+            from workbench.parallel.apply import shard_model
 
             return shard_model(module, self.mesh)
         module.to(self.device)
@@ -369,7 +237,7 @@ class Trainer:
         return torch.autocast("cpu", dtype=torch.bfloat16)
 
     def _loader_for(self, dataset: Any, batch_size: int, *, shuffle_seed: int) -> tuple[Any, Any]:
-        from workbench.bucketing import make_loader
+        from workbench.data.loader import make_loader
 
         cfg = (
             self.cfg.with_overrides({"train.batch_size": batch_size})
@@ -390,7 +258,7 @@ class Trainer:
         if self._xla:
             sharding = None
             if self.mesh is not None:
-                from workbench.sharding import batch_sharding
+                from workbench.parallel.apply import batch_sharding
 
                 sharding = batch_sharding(self.mesh)
             self._device_loader = runtime.device_loader(self._stream, self.device, batch_sharding=sharding)
@@ -510,7 +378,7 @@ class Trainer:
 
     # ---- warm-up ----
     def _snapshot(self) -> dict[str, Any]:
-        from workbench.checkpoint import _host_tensors, flatten_state
+        from workbench.train.state_io import flatten_state, host_tensors
 
         state = {
             "model": self.model.state_dict(),
@@ -518,7 +386,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
         }
         structure, tensors = flatten_state(state)
-        host = _host_tensors(tensors)
+        host = host_tensors(tensors)
         # Tensors already on the host (AdamW's step counters) come back as themselves: copy them,
         # or the prewarm steps would advance the "snapshot" too.
         host = {k: (v.clone() if tensors[k].device.type == "cpu" else v) for k, v in host.items()}
@@ -532,7 +400,7 @@ class Trainer:
 
     def _restore(self, snap: dict[str, Any]) -> None:
         """Copy the snapshot back *into* the live tensors (keeps their device placement and sharding)."""
-        from workbench.checkpoint import flatten_state, unflatten_state
+        from workbench.train.state_io import flatten_state, unflatten_state
 
         live = {
             "model": self.model.state_dict(),
@@ -587,7 +455,7 @@ class Trainer:
         limit = self.hw.memory_per_device_bytes
         if limit is None:
             return None
-        from workbench.memory import max_batch_size
+        from workbench.analysis.batch import max_batch_size
 
         kwargs: dict[str, Any] = {
             "optimizer": self.cfg.train.optimizer,
@@ -660,7 +528,7 @@ class Trainer:
         """Move a host batch exactly as the device loader does (same sharding, so the same program)."""
         sharding = None
         if self.mesh is not None:
-            from workbench.sharding import batch_sharding
+            from workbench.parallel.apply import batch_sharding
 
             sharding = batch_sharding(self.mesh)
         return next(iter(runtime.device_loader([batch], self.device, batch_sharding=sharding)))
@@ -721,7 +589,7 @@ class Trainer:
         if self._xla:
             sharding = None
             if self.mesh is not None:
-                from workbench.sharding import batch_sharding
+                from workbench.parallel.apply import batch_sharding
 
                 sharding = batch_sharding(self.mesh)
             batches: Iterable[dict] = runtime.device_loader(loader, self.device, batch_sharding=sharding)
@@ -948,7 +816,8 @@ class Trainer:
             self._notice("precision bf16-mixed: this GPU has no bf16; running fp32")
 
     def _make_profiler(self, *, prewarmed: bool) -> Any:
-        from workbench.profiling import StepProfiler, training_flops_per_token
+        from workbench.analysis.flops import training_flops_per_token
+        from workbench.analysis.profiler import StepProfiler
 
         try:  # MFU at the longest padded length: an upper bound on the attention FLOPs
             flops = training_flops_per_token(self.model.config, self.cfg.data.max_length)
@@ -1025,15 +894,3 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
 def train(cfg: WorkbenchConfig, callbacks: Sequence[Callback] = (), **kwargs: Any) -> TrainResult:
     """Build everything from `cfg` and train: the one-call entry point."""
     return Trainer(cfg, callbacks=callbacks, **kwargs).fit()
-
-
-__all__ = [
-    "BatchInfo",
-    "CausalLMObjective",
-    "HardwareError",
-    "HostStream",
-    "TrainResult",
-    "Trainer",
-    "select_hardware",
-    "train",
-]

@@ -1,4 +1,4 @@
-"""Build `transformers` causal LMs from the workbench's `ModelConfig`, or load one from a local directory.
+"""[from models] Build `transformers` causal LMs from the workbench's `ModelConfig`, or load one from a local directory.
 
 No hub access: a model is either built from a config (random init, seeded) or loaded with
 ``from_pretrained(dir)`` from a directory on disk. The families map onto their
@@ -92,7 +92,7 @@ def enable_gradient_checkpointing(model: Any, *, xla: bool) -> None:
     if xla:
         import functools
 
-        from workbench import runtime
+        from workbench.backend import runtime
 
         fn = functools.partial(runtime.gradient_checkpoint_function(), use_reentrant=True)
         model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=fn)

@@ -1,4 +1,4 @@
-"""Checkpoints that survive faults: atomic, verified, pickle-free.
+"""[from checkpoint] Checkpoints that survive faults: atomic, verified, pickle-free.
 
 A checkpoint is one directory ``<root>/step-00000120/`` holding
 
@@ -29,10 +29,8 @@ unpickler above), the rest from JSON.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import pickle
 import re
 import shutil
 import time
@@ -43,96 +41,29 @@ from typing import Any
 
 import torch
 
-from workbench import runtime
+from workbench.train.state_io import (
+    FORMAT_VERSION,
+    CheckpointError,
+    files_under,
+    flatten_state,
+    fsync_dir,
+    fsync_file,
+    host_tensors,
+    is_sharded_xla,
+    load_dcp,
+    load_safetensors,
+    save_dcp,
+    save_safetensors,
+    sha256,
+    unflatten_state,
+)
 
-FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 STATE_JSON = "state.json"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _TMP_PREFIX = ".tmp-"
 # A step directory moved aside while the same step is saved again: `_commit` below names it.
 _MOVED_ASIDE = re.compile(r"^\.tmp-old-(step-\d{8,})-[0-9a-f]{8}$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, truncated or corrupted; the message says which file and why."""
-
-
-# ---- nested state <-> (JSON structure, flat tensors) ---------------------------------------
-
-
-def flatten_state(state: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
-    """Split a nested state into a JSON-able structure and a flat ``{key: tensor}`` dict.
-
-    Supported leaves: tensors, NumPy arrays, int/float/bool/str/None. Containers: dict (any
-    JSON-scalar keys, so optimizer state keyed by int survives), list, tuple. Tensor keys
-    are the '/'-joined path, so a model state dict's keys are its parameter names.
-    """
-    tensors: dict[str, torch.Tensor] = {}
-    structure = _encode(state, prefix, tensors)
-    return structure, tensors
-
-
-def _join(prefix: str, key: Any) -> str:
-    return f"{prefix}/{key}" if prefix else str(key)
-
-
-def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
-    import numpy as np
-
-    if isinstance(obj, torch.Tensor):
-        if path in tensors:
-            raise CheckpointError(f"two tensors map to the same checkpoint key {path!r}; rename one of them")
-        tensors[path] = obj
-        return {"__tensor__": path}
-    if isinstance(obj, np.ndarray):
-        tensors[path] = torch.from_numpy(np.ascontiguousarray(obj).copy())
-        return {"__ndarray__": path}
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, tuple):
-        return {"__tuple__": [_encode(v, _join(path, i), tensors) for i, v in enumerate(obj)]}
-    if isinstance(obj, list):
-        return [_encode(v, _join(path, i), tensors) for i, v in enumerate(obj)]
-    if isinstance(obj, Mapping):
-        items = []
-        for key, value in obj.items():
-            if not (key is None or isinstance(key, (bool, int, float, str))):
-                raise CheckpointError(
-                    f"cannot checkpoint key {key!r} at {path or '<root>'}: keys must be str/int/float/bool"
-                )
-            items.append([key, _encode(value, _join(path, key), tensors)])
-        return {"__items__": items}
-    raise CheckpointError(
-        f"cannot checkpoint a {type(obj).__name__} at {path or '<root>'}: allowed are tensors, "
-        "NumPy arrays, numbers, strings, None, and dicts/lists/tuples of them"
-    )
-
-
-def unflatten_state(structure: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    """Inverse of `flatten_state`."""
-    if isinstance(structure, list):
-        return [unflatten_state(v, tensors) for v in structure]
-    if isinstance(structure, dict):
-        if "__tensor__" in structure:
-            return _tensor(tensors, structure["__tensor__"])
-        if "__ndarray__" in structure:
-            return _tensor(tensors, structure["__ndarray__"]).numpy()
-        if "__tuple__" in structure:
-            return tuple(unflatten_state(v, tensors) for v in structure["__tuple__"])
-        if "__items__" in structure:
-            return {key: unflatten_state(value, tensors) for key, value in structure["__items__"]}
-        raise CheckpointError(f"state.json holds an unknown node {sorted(structure)}")
-    return structure
-
-
-def _tensor(tensors: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
-    try:
-        return tensors[key]
-    except KeyError:
-        raise CheckpointError(f"checkpoint lacks tensor {key!r} that state.json refers to") from None
 
 
 # ---- files -----------------------------------------------------------------------------------
@@ -148,61 +79,6 @@ def _written_at(directory: Path) -> float:
             return manifest.stat().st_mtime
         except OSError:
             return 0.0
-
-
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # not every filesystem lets a directory be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _files_under(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file())
-
-
-def _host_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Contiguous CPU copies, XLA tensors fetched in one batched transfer, shared storage un-shared."""
-    keys = list(tensors)
-    values = [t.detach() for t in tensors.values()]
-    xla_idx = [i for i, t in enumerate(values) if t.device.type == "xla"]
-    if xla_idx:
-        fetched = runtime.to_cpu([values[i] for i in xla_idx])
-        for i, t in zip(xla_idx, fetched):
-            values[i] = t
-    out: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for key, t in zip(keys, values):
-        t = t.to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr() if t.numel() else 0
-        if ptr and ptr in seen:  # tied weights: safetensors refuses tensors that share memory
-            t = t.clone()
-        seen.add(ptr)
-        out[key] = t
-    return out
-
-
-def _is_sharded_xla(t: torch.Tensor) -> bool:
-    return t.device.type == "xla" and bool(runtime.sharding_spec(t))
 
 
 # ---- the manager -------------------------------------------------------------------------------
@@ -289,12 +165,12 @@ class CheckpointManager:
                     continue
                 if (
                     self.sharded
-                    and any(_is_sharded_xla(t) for t in tensors.values())
-                    and _save_dcp(tensors, tmp / f"{part}.dcp")
+                    and any(is_sharded_xla(t) for t in tensors.values())
+                    and save_dcp(tensors, tmp / f"{part}.dcp")
                 ):
                     parts[part] = "dcp"
                 else:
-                    _save_safetensors(_host_tensors(tensors), tmp / f"{part}.safetensors")
+                    save_safetensors(host_tensors(tensors), tmp / f"{part}.safetensors")
                     parts[part] = "safetensors"
             payload = {
                 "format_version": FORMAT_VERSION,
@@ -304,9 +180,9 @@ class CheckpointManager:
             }
             (tmp / STATE_JSON).write_text(json.dumps(payload))
             files = {}
-            for path in _files_under(tmp):
-                _fsync_file(path)
-                files[str(path.relative_to(tmp))] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+            for path in files_under(tmp):
+                fsync_file(path)
+                files[str(path.relative_to(tmp))] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
             manifest = {
                 "format_version": FORMAT_VERSION,
                 "step": int(step),
@@ -314,8 +190,8 @@ class CheckpointManager:
                 "files": files,
             }
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            _fsync_file(tmp / MANIFEST)
-            _fsync_dir(tmp)
+            fsync_file(tmp / MANIFEST)
+            fsync_dir(tmp)
             self._commit(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -330,7 +206,7 @@ class CheckpointManager:
             old = final.with_name(f"{_TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}")
             os.replace(final, old)
         os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -347,7 +223,7 @@ class CheckpointManager:
             original = self.root / moved.group(1) if moved else None
             if original is not None and not original.exists() and (entry / MANIFEST).is_file():
                 os.replace(entry, original)
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
             else:
                 shutil.rmtree(entry, ignore_errors=True)
 
@@ -388,7 +264,7 @@ class CheckpointManager:
                     f"checkpoint {str(path)!r}: {name} is truncated or overwritten "
                     f"({size} bytes on disk, {meta['bytes']} written)"
                 )
-            if _sha256(file) != meta["sha256"]:
+            if sha256(file) != meta["sha256"]:
                 raise CheckpointError(
                     f"checkpoint {str(path)!r}: {name} is corrupted (SHA-256 does not match the manifest)"
                 )
@@ -421,7 +297,7 @@ class CheckpointManager:
             if kind is None:
                 tensors: dict[str, torch.Tensor] = {}
             elif kind == "safetensors":
-                tensors = _load_safetensors(path / f"{part}.safetensors")
+                tensors = load_safetensors(path / f"{part}.safetensors")
             elif kind == "dcp":
                 if into is None or part not in into:
                     raise CheckpointError(
@@ -429,174 +305,9 @@ class CheckpointManager:
                         "pass into= the live state so its sharded tensors can receive the shards"
                     )
                 _, targets = flatten_state(into[part])
-                _load_dcp(targets, path / f"{part}.dcp")
+                load_dcp(targets, path / f"{part}.dcp")
                 tensors = targets
             else:
                 raise CheckpointError(f"checkpoint {str(path)!r}: unknown storage {kind!r} for part {part!r}")
             out[part] = unflatten_state(structure, tensors)
         return out
-
-
-def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"cannot read {str(path)!r}: {err}") from None
-
-
-# ---- torch.distributed.checkpoint (SPMD) ---------------------------------------------------------
-
-
-def _unique_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One key per tensor object: tied weights (lm_head = embed_tokens) are written and read once."""
-    seen: set[int] = set()
-    out = {}
-    for key, tensor in tensors.items():
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            out[key] = tensor
-    return out
-
-
-def _save_dcp(tensors: dict[str, torch.Tensor], directory: Path) -> bool:
-    """Write through DCP and check its index holds every tensor; False (nothing left behind) if not.
-
-    torch_xla 2.9's SPMD planner silently leaves out tensors that are sharded *and* partially
-    replicated (a data x fsdp mesh with data > 1) when one process holds all devices; such
-    parts go to safetensors as full tensors instead (correct, just not sharded on disk).
-    """
-    import torch.distributed.checkpoint as dcp
-
-    unique = _unique_tensors(tensors)
-    directory.mkdir()
-    dcp.save(unique, storage_writer=dcp.FileSystemWriter(str(directory)), planner=runtime.spmd_save_planner())
-    written = set(_dcp_reader(directory).read_metadata().state_dict_metadata)
-    if set(unique) <= written:
-        return True
-    shutil.rmtree(directory)
-    return False
-
-
-def _dcp_reader(directory: Path) -> Any:
-    """DCP's file reader, with its pickled index read by the weights-only unpickler."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import metadata as md
-
-    class RestrictedReader(dcp.FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            with open(directory / ".metadata", "rb") as f:
-                try:
-                    metadata = _RestrictedUnpickler(f).load()
-                except CheckpointError:
-                    raise
-                except Exception as err:
-                    raise CheckpointError(f"cannot read the DCP index of {str(directory)!r}: {err}") from None
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = md.StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return RestrictedReader(str(directory))
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Unpickles DCP's index only: any global outside its metadata classes is refused."""
-
-    _ALLOWED = {
-        ("torch.distributed.checkpoint.metadata", name)
-        for name in (
-            "Metadata",
-            "TensorStorageMetadata",
-            "BytesStorageMetadata",
-            "ChunkStorageMetadata",
-            "TensorProperties",
-            "MetadataIndex",
-            "StorageMeta",
-            "_MEM_FORMAT_ENCODING",
-        )
-    } | {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("torch", "Size"),
-        ("torch", "float32"),
-        ("torch", "float16"),
-        ("torch", "bfloat16"),
-        ("torch", "float64"),
-        ("torch", "int64"),
-        ("torch", "int32"),
-        ("torch", "int8"),
-        ("torch", "uint8"),
-        ("torch", "bool"),
-        ("torch", "strided"),
-        ("torch", "contiguous_format"),
-        ("torch", "preserve_format"),
-        ("collections", "OrderedDict"),
-        ("torch.serialization", "_get_layout"),
-        ("pathlib", "PosixPath"),
-        ("pathlib", "PurePosixPath"),
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in self._ALLOWED:
-            raise CheckpointError(
-                f"DCP index refers to {module}.{name}, which a checkpoint index never needs; refusing it"
-            )
-        return super().find_class(module, name)
-
-
-def _load_dcp(targets: dict[str, torch.Tensor], directory: Path) -> None:
-    import torch.distributed.checkpoint as dcp
-
-    dcp.load(
-        _unique_tensors(targets), storage_reader=_dcp_reader(directory), planner=runtime.spmd_load_planner()
-    )
-
-
-# ---- RNG state -------------------------------------------------------------------------------------
-
-
-def capture_rng(include_xla: bool = False) -> dict[str, Any]:
-    """Every RNG a training step may touch: Python, NumPy, torch CPU (+ CUDA, + the XLA device seed)."""
-    import random
-
-    import numpy as np
-
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [s for s in torch.cuda.get_rng_state_all()]
-    if include_xla:
-        state["xla"] = runtime.rng_state()
-    return state
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    import random
-
-    import numpy as np
-
-    random.setstate(_as_tuples(state["python"]))
-    np_state = state["numpy"]
-    np.random.set_state(tuple(np_state))
-    torch.set_rng_state(state["torch"].to(torch.uint8))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.to(torch.uint8) for s in state["cuda"]])
-    if "xla" in state and runtime.xla_imported():
-        runtime.set_rng_state(int(state["xla"]))
-
-
-def _as_tuples(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return tuple(_as_tuples(v) for v in value)
-    return value

@@ -1,4 +1,4 @@
-"""Helpers for runs that span several hosts (TPU pods such as v4-32): who am I, what is my share.
+"""[from multihost] Helpers for runs that span several hosts (TPU pods such as v4-32): who am I, what is my share.
 
 On a pod every worker runs the same script; each is one *process* with its own index. This
 module answers "which process is this" (`process_index`, `process_count`, `is_main`), prints
@@ -20,13 +20,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from workbench import data, runtime
-from workbench.sharding import nearby_multiples  # imports only runtime: no cycle, starts nothing
+from workbench.backend import runtime
+from workbench.parallel.mesh import nearby_multiples  # imports only runtime: no cycle, starts nothing
 
 if TYPE_CHECKING:
+    from workbench.backend.hardware import HardwareInfo
     from workbench.config import WorkbenchConfig
-    from workbench.hardware import HardwareInfo
-    from workbench.sharding import MeshSpec
+    from workbench.parallel.mesh import MeshSpec
 
 _INDEX_VARS = ("TPU_WORKER_ID", "RANK")
 _COUNT_VARS = ("TPU_WORKER_COUNT", "WORLD_SIZE")
@@ -123,7 +123,7 @@ def host_shard_bounds(length: int, num_processes: int, index: int) -> tuple[int,
     for the others at the next collective. The remainder (< num_processes examples) is dropped.
     """
     try:
-        return data.host_shard_bounds(length, num_processes, index, equal_shares=True)
+        return host_shard_bounds(length, num_processes, index, equal_shares=True)
     except ValueError as err:
         raise MultiHostError(str(err)) from None
 
@@ -136,7 +136,7 @@ def shard_for_host(dataset: Any, num_processes: int | None = None, index: int | 
     n = process_count() if num_processes is None else int(num_processes)
     i = process_index() if index is None else int(index)
     try:
-        return data.shard_for_host(dataset, n, i, equal_shares=True)
+        return shard_for_host(dataset, n, i, equal_shares=True)
     except ValueError as err:
         raise MultiHostError(str(err)) from None
 

@@ -1,0 +1,19 @@
+"""Before and during a run: memory estimates and batch search, FLOPs and MFU, the step profiler."""
+
+from workbench.analysis.batch import find_batch_size, max_batch_size
+from workbench.analysis.estimate import MemoryEstimate, estimate, model_shape
+from workbench.analysis.profiler import Advice, StepProfiler
+from workbench.analysis.tables import estimate_table, fit_across_targets, format_table
+
+__all__ = [
+    "Advice",
+    "MemoryEstimate",
+    "StepProfiler",
+    "estimate",
+    "estimate_table",
+    "find_batch_size",
+    "fit_across_targets",
+    "format_table",
+    "max_batch_size",
+    "model_shape",
+]

@@ -1,0 +1,61 @@
+"""The metrics contract: what one logged interval reports, shared by the profiler, the trainer and the dashboard.
+
+`StepProfiler` fills the `IntervalMetrics` fields; the trainer adds the `RunMetrics` fields
+(the loop's own position and batch layout) before it hands the dict to callbacks. Values that
+cannot be known on this hardware are None, never guessed. `INTERVAL_KEYS` and `METRIC_KEYS` list
+the keys in declaration order, read from the types, so no list of names is kept by hand.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict, get_type_hints
+
+
+class IntervalMetrics(TypedDict):
+    """One log interval, as `StepProfiler.step` measures it (host-side counters and one loss read)."""
+
+    step: int
+    loss: float | None
+    lr: float | None
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float | None
+    compiles: int
+    """Programs compiled during the interval."""
+    compile_time_s: float
+    total_compiles: int
+    recompiled: bool
+    """A compile after warm-up happened in the interval."""
+    transfers: int
+    """Device-to-host transfers the loop made in the interval (the profiler's own reads excluded)."""
+    host_rss_bytes: int
+    device_memory_bytes: int | None
+    device_memory_limit_bytes: int | None
+    tokens_seen: int
+    elapsed_s: float
+    eval_loss: float | None
+    steps_in_interval: int
+    interval_s: float
+    input_wait_s: float
+    input_wait_fraction: float
+    compiled_program_bytes: int | None
+    recompile_steps: list[int]
+    grad_norm: float | None
+
+
+class RunMetrics(IntervalMetrics):
+    """What `Trainer.fit` hands to callbacks: the interval plus the loop's position and batch layout."""
+
+    warmup_compiles: int
+    """Programs compiled by the warm-up before the first step."""
+    batch_size: int
+    micro_batch: int
+    grad_accum: int
+    """Micro-steps per optimizer step (the configured accumulation times any OOM split)."""
+
+
+INTERVAL_KEYS: tuple[str, ...] = tuple(get_type_hints(IntervalMetrics))
+"""Every key `StepProfiler` reports for an interval, in declaration order."""
+
+METRIC_KEYS: tuple[str, ...] = tuple(get_type_hints(RunMetrics))
+"""Every key of a callback's metrics dict: the interval's, then the run's."""

@@ -1,0 +1,50 @@
+"""Text to device-ready batches: corpus and tokenizer, records, bucket plans, sampler, collators, loader.
+
+The flow: `records.build_datasets` (load, tokenise, split, shard by host) -> `loader.make_loader`
+(a bucket plan from `buckets`, the `sampler` that batches within a bucket, a `collate` function
+that pads to the bucket or packs) -> the trainer's stream.
+"""
+
+from workbench.data.buckets import STRATEGIES, BucketPlan, padded_tokens_for, plan_buckets
+from workbench.data.collate import (
+    BucketCollator,
+    PackedCollator,
+    pack_plan,
+    pack_sequences,
+    packing_efficiency,
+)
+from workbench.data.corpus import ASSETS, CHAT_SAMPLE, embedded_corpus, generate_chat_sample
+from workbench.data.loader import make_loader, plan_for_config, prewarm, synthetic_batch
+from workbench.data.records import IGNORE_INDEX, build_datasets, load_records, tokenize_records
+from workbench.data.sampler import BucketBatchSampler
+from workbench.data.tokenizer import CACHE_ENV, CHAT_TEMPLATE, cache_root, get_tokenizer, train_tokenizer
+
+__all__ = [
+    "ASSETS",
+    "CACHE_ENV",
+    "CHAT_SAMPLE",
+    "CHAT_TEMPLATE",
+    "IGNORE_INDEX",
+    "STRATEGIES",
+    "BucketBatchSampler",
+    "BucketCollator",
+    "BucketPlan",
+    "PackedCollator",
+    "build_datasets",
+    "cache_root",
+    "embedded_corpus",
+    "generate_chat_sample",
+    "get_tokenizer",
+    "load_records",
+    "make_loader",
+    "pack_plan",
+    "pack_sequences",
+    "packing_efficiency",
+    "padded_tokens_for",
+    "plan_buckets",
+    "plan_for_config",
+    "prewarm",
+    "synthetic_batch",
+    "tokenize_records",
+    "train_tokenizer",
+]

@@ -1,0 +1,271 @@
+"""[from bucketing] Planned sequence shapes: bucket boundaries, bucketed batches, packing and compile prewarm.
+
+XLA compiles one program per input shape. Raw variable-length batches recompile at every new
+length; padding everything to the maximum compiles once but spends most FLOPs on padding. This
+module turns the set of shapes into a planned, measured quantity:
+
+- `plan_buckets` chooses at most K padded lengths ("boundaries") for a length distribution.
+  Strategy "optimal" is an exact dynamic programme: it returns the boundaries (multiples of
+  ``multiple_of``) with the fewest padded tokens possible, over the histogram of distinct
+  rounded-up lengths (so 1,000,000 lengths cost what their few thousand distinct values cost),
+  with a monotone convex-hull trick making each of the K layers linear in the distinct values.
+- `BucketBatchSampler` groups indices by bucket, batches inside a bucket, and knows every
+  (batch, length) shape it can emit (`batch_shapes`), so `prewarm` compiles them all up front.
+- `BucketCollator` pads ``input_ids``/``attention_mask``/``labels`` to the bucket boundary.
+- `pack_sequences` / `PackedCollator` put several sequences in one fixed-length row instead.
+- `make_loader` builds the loader the training loop uses from ``cfg.bucketing``.
+
+**Boundaries are fitted to sequence lengths, not to per-batch maxima.** The sampler forms
+batches *inside* a bucket and the collator pads every batch of bucket ``j`` to boundary
+``b_j``, whatever its members are, so each sequence costs exactly its bucket boundary: the
+padded-token count of an epoch is ``sum(boundary(length_i))`` over the sequences (plus the
+remainders dropped to keep shapes fixed), which is what the planner minimises. Per-batch maxima
+would be the right target only for batches formed first and padded to their longest member
+(strategy "none"); their maxima depend on the shuffle, change every epoch and give one shape
+per distinct maximum — the recompilation this module exists to avoid.
+
+Packing keeps sequences apart under eager attention (what `workbench.models.build_model` uses
+on XLA) in one of two ways, both checked against per-sequence losses in the tests:
+
+- ``attention="position_ids"`` (default with transformers >= 4.53 and torch >= 2.6): the batch carries no
+  ``attention_mask`` and ``position_ids`` that restart at 0 for each sequence; transformers'
+  ``masking_utils`` then detects the packed format (``find_packed_sequence_indices``) and builds
+  the block-diagonal causal mask on the device. Only ``batch x length`` integers cross to the
+  device. transformers does this only without a KV cache: call the model with
+  ``use_cache=False`` (the trainer does; with a cache the rows' sequences would see each other).
+  Under torch < 2.6 transformers detects the packing but does not apply it (its mask functions
+  need torch >= 2.6), so the default there is "mask4d".
+- ``attention="mask4d"``: a ready ``(batch, 1, length, length)`` additive float mask
+  (0 inside a sequence's causal block, the dtype's minimum elsewhere), which transformers passes
+  to eager attention unchanged. Works with older transformers and torch; costs ``length**2``
+  floats per row on the host-to-device link.
+
+In both, the label of each sequence's first token is set to -100: under the causal shift it
+would otherwise be predicted from the previous sequence's last token.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+# One definition, in the module that is cheap to import (data.py imports nothing heavy at the
+# top, and nothing from here, so there is no cycle); re-exported below for existing importers.
+
+STRATEGIES = ("optimal", "pow2", "multiple", "quantile", "max")
+Strategy = Literal["optimal", "pow2", "multiple", "quantile", "max"]
+
+
+# ---- planning --------------------------------------------------------------------------------
+
+
+def round_up(values: Any, multiple: int) -> Any:
+    return -(-np.asarray(values, dtype=np.int64) // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """Boundaries for a length distribution and what they cost."""
+
+    boundaries: list[int]
+    """Sorted padded lengths; the last one fits every (clipped) length."""
+    real_tokens: int
+    """Tokens of the sequences themselves (lengths clipped to `max_length`)."""
+    padded_tokens: int
+    """Tokens after padding each sequence to its bucket boundary."""
+    strategy: str
+    num_sequences: int
+    counts: list[int] = field(default_factory=list)
+    """Sequences per bucket, aligned with `boundaries`."""
+    truncated: int = 0
+    """Sequences longer than `max_length` (planned as truncated to it)."""
+
+    @property
+    def efficiency(self) -> float:
+        """Real tokens / padded tokens (1.0 means no padding)."""
+        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
+
+    @property
+    def num_shapes(self) -> int:
+        """Distinct padded lengths, i.e. compiled shapes per batch size."""
+        return len(self.boundaries)
+
+    def bucket_index(self, length: int) -> int:
+        """Index of the smallest boundary that fits `length`."""
+        index = bisect.bisect_left(self.boundaries, int(length))
+        if index == len(self.boundaries):
+            raise ValueError(
+                f"length={length} is longer than the last boundary {self.boundaries[-1]}; "
+                "truncate it or plan with a larger max_length"
+            )
+        return index
+
+    def bucket_for(self, length: int) -> int:
+        """The padded length a sequence of `length` tokens gets."""
+        return self.boundaries[self.bucket_index(length)]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "boundaries": list(self.boundaries),
+            "num_shapes": self.num_shapes,
+            "real_tokens": self.real_tokens,
+            "padded_tokens": self.padded_tokens,
+            "efficiency": self.efficiency,
+            "truncated": self.truncated,
+        }
+
+
+def padded_tokens_for(lengths: Sequence[int] | np.ndarray, boundaries: Sequence[int]) -> int:
+    """Tokens after padding every length to the smallest boundary that fits it (lengths must fit)."""
+    arr = np.asarray(lengths, dtype=np.int64)
+    bounds = np.asarray(sorted(boundaries), dtype=np.int64)
+    if arr.size and arr.max() > bounds[-1]:
+        raise ValueError(f"a length of {int(arr.max())} does not fit the last boundary {int(bounds[-1])}")
+    return int(bounds[np.searchsorted(bounds, arr, side="left")].sum())
+
+
+def plan_buckets(
+    lengths: Sequence[int] | np.ndarray,
+    max_buckets: int | None,
+    *,
+    multiple_of: int = 1,
+    max_length: int | None = None,
+    strategy: Strategy = "optimal",
+) -> BucketPlan:
+    """Choose padded lengths for `lengths`.
+
+    ``max_buckets`` caps the number of boundaries (None: no cap). Lengths above ``max_length``
+    are planned as truncated to it (and counted in ``truncated``); without ``max_length`` the
+    longest length decides. Every boundary is a multiple of ``multiple_of`` and the last one
+    is ``max_length`` (or the longest length) rounded up to it.
+
+    Strategies: "optimal" (fewest padded tokens with at most ``max_buckets`` boundaries, exact),
+    "pow2" (powers of two), "multiple" (every ``multiple_of``), "quantile" (length quantiles
+    ``i / max_buckets``), "max" (one boundary: pad to the maximum). When "pow2" or "multiple"
+    need more boundaries than ``max_buckets``, the shortest buckets merge into the next one up.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not allowed: expected one of {', '.join(STRATEGIES)}")
+    if max_buckets is not None and (not isinstance(max_buckets, (int, np.integer)) or max_buckets < 1):
+        raise ValueError(f"max_buckets={max_buckets!r} is not allowed: must be an int >= 1 or None")
+    if not isinstance(multiple_of, (int, np.integer)) or multiple_of < 1:
+        raise ValueError(f"multiple_of={multiple_of!r} is not allowed: must be an int >= 1")
+    arr = np.asarray(lengths, dtype=np.int64).ravel()
+    if arr.size == 0:
+        raise ValueError("lengths is empty: nothing to plan buckets for")
+    if arr.min() < 1:
+        raise ValueError(f"lengths must be >= 1, got a length of {int(arr.min())}")
+    if max_length is not None and max_length < 1:
+        raise ValueError(f"max_length={max_length!r} is not allowed: must be >= 1 or None")
+    limit = int(max_length) if max_length is not None else int(arr.max())
+    truncated = int((arr > limit).sum())
+    clipped = np.minimum(arr, limit)
+    top = int(round_up(limit, multiple_of))
+    rounded = round_up(clipped, multiple_of)
+    values, counts = np.unique(rounded, return_counts=True)
+
+    if strategy == "optimal":
+        if values[-1] != top:  # the last boundary must fit max_length even if no length reaches it
+            values, counts = np.append(values, top), np.append(counts, 0)
+        # no cap: one boundary per candidate value, the appended top one included
+        k = len(values) if max_buckets is None else int(max_buckets)
+        boundaries = _optimal_boundaries(values, counts, k)
+    elif strategy == "max":
+        boundaries = [top]
+    elif strategy == "pow2":
+        lo, bounds, p = int(values[0]), [], 1
+        while True:
+            b = int(round_up(p, multiple_of))
+            if b >= lo:
+                bounds.append(min(b, top))
+            if b >= top:
+                break
+            p *= 2
+        boundaries = _cap(sorted(set(bounds)), max_buckets)
+    elif strategy == "multiple":
+        boundaries = _cap(list(range(int(values[0]), top + 1, multiple_of)), max_buckets)
+    else:  # quantile
+        k = int(max_buckets) if max_buckets is not None else 4
+        qs = np.quantile(clipped, np.arange(1, k + 1) / k, method="higher")
+        boundaries = sorted({int(b) for b in round_up(qs, multiple_of)} | {top})
+        boundaries = _cap([b for b in boundaries if b <= top], max_buckets)
+
+    bounds = np.asarray(boundaries, dtype=np.int64)
+    which = np.searchsorted(bounds, values, side="left")
+    per_bucket = np.bincount(which, weights=counts, minlength=len(bounds)).astype(np.int64)
+    return BucketPlan(
+        boundaries=[int(b) for b in bounds],
+        real_tokens=int(clipped.sum()),
+        padded_tokens=int((bounds[which] * counts).sum()),
+        strategy=strategy,
+        num_sequences=int(arr.size),
+        counts=[int(c) for c in per_bucket],
+        truncated=truncated,
+    )
+
+
+def _cap(boundaries: list[int], max_buckets: int | None) -> list[int]:
+    """Keep the longest `max_buckets` boundaries (the shortest buckets merge upwards)."""
+    return boundaries if max_buckets is None else boundaries[-int(max_buckets) :]
+
+
+def _optimal_boundaries(values: np.ndarray, counts: np.ndarray, max_buckets: int) -> list[int]:
+    """Exact minimum of sum(count_i * boundary(value_i)) with at most `max_buckets` boundaries.
+
+    Some optimal plan uses only values that occur (lowering a boundary to the largest value in
+    its bucket never costs more), and the largest value is always a boundary. With ``C`` the
+    prefix counts, ``f_k(i) = min_j f_{k-1}(j) + v_i * (C_i - C_j)``: for each j a line
+    ``y = f_{k-1}(j) - C_j * x`` queried at ``x = v_i``. Slopes fall and queries rise as i
+    grows, so a monotone convex-hull trick answers each layer in O(n). Python ints keep the
+    arithmetic exact.
+    """
+    v = [int(x) for x in values]
+    prefix = [int(x) for x in np.cumsum(counts)]
+    n = len(v)
+    if max_buckets >= n:
+        # Every value its own bucket; drop values nobody uses except the last (zero-count top).
+        return [v[i] for i in range(n) if counts[i] > 0 or i == n - 1]
+    inf = float("inf")
+    prev: list[float] = [v[i] * prefix[i] for i in range(n)]  # one bucket ending at v_i
+    parents: list[list[int]] = []
+    for k in range(2, max_buckets + 1):
+        cur: list[float] = [inf] * n
+        parent = [-1] * n
+        hull: list[int] = []  # line indices j, slopes -prefix[j] strictly decreasing
+        head = 0
+        for i in range(k - 1, n):
+            j = i - 1  # the line for a previous boundary at v_{i-1} becomes available
+            if prev[j] != inf:
+                while len(hull) - head >= 2 and _useless(hull[-2], hull[-1], j, prev, prefix):
+                    hull.pop()
+                hull.append(j)
+                head = min(head, len(hull) - 1)
+            x = v[i]
+            while head + 1 < len(hull) and (
+                prev[hull[head + 1]] - prefix[hull[head + 1]] * x <= prev[hull[head]] - prefix[hull[head]] * x
+            ):
+                head += 1
+            if head < len(hull):
+                best = hull[head]
+                cur[i] = prev[best] + x * (prefix[i] - prefix[best])
+                parent[i] = best
+        parents.append(parent)
+        prev = cur
+    # Walk back from the last value through the layer that used all max_buckets boundaries.
+    chosen = [n - 1]
+    i = n - 1
+    for parent in reversed(parents):
+        i = parent[i]
+        chosen.append(i)
+    return [v[i] for i in reversed(chosen)]
+
+
+def _useless(a: int, b: int, c: int, f: list[float], slope: list[int]) -> bool:
+    """True when line b is never strictly below both a and c (lines y = f[j] - slope[j] * x)."""
+    # Intersection of a and c lies left of (or at) the intersection of a and b.
+    return (f[c] - f[a]) * (slope[b] - slope[a]) <= (f[b] - f[a]) * (slope[c] - slope[a])

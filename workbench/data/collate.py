@@ -1,0 +1,268 @@
+"""[from bucketing] Planned sequence shapes: bucket boundaries, bucketed batches, packing and compile prewarm.
+
+XLA compiles one program per input shape. Raw variable-length batches recompile at every new
+length; padding everything to the maximum compiles once but spends most FLOPs on padding. This
+module turns the set of shapes into a planned, measured quantity:
+
+- `plan_buckets` chooses at most K padded lengths ("boundaries") for a length distribution.
+  Strategy "optimal" is an exact dynamic programme: it returns the boundaries (multiples of
+  ``multiple_of``) with the fewest padded tokens possible, over the histogram of distinct
+  rounded-up lengths (so 1,000,000 lengths cost what their few thousand distinct values cost),
+  with a monotone convex-hull trick making each of the K layers linear in the distinct values.
+- `BucketBatchSampler` groups indices by bucket, batches inside a bucket, and knows every
+  (batch, length) shape it can emit (`batch_shapes`), so `prewarm` compiles them all up front.
+- `BucketCollator` pads ``input_ids``/``attention_mask``/``labels`` to the bucket boundary.
+- `pack_sequences` / `PackedCollator` put several sequences in one fixed-length row instead.
+- `make_loader` builds the loader the training loop uses from ``cfg.bucketing``.
+
+**Boundaries are fitted to sequence lengths, not to per-batch maxima.** The sampler forms
+batches *inside* a bucket and the collator pads every batch of bucket ``j`` to boundary
+``b_j``, whatever its members are, so each sequence costs exactly its bucket boundary: the
+padded-token count of an epoch is ``sum(boundary(length_i))`` over the sequences (plus the
+remainders dropped to keep shapes fixed), which is what the planner minimises. Per-batch maxima
+would be the right target only for batches formed first and padded to their longest member
+(strategy "none"); their maxima depend on the shuffle, change every epoch and give one shape
+per distinct maximum — the recompilation this module exists to avoid.
+
+Packing keeps sequences apart under eager attention (what `workbench.models.build_model` uses
+on XLA) in one of two ways, both checked against per-sequence losses in the tests:
+
+- ``attention="position_ids"`` (default with transformers >= 4.53 and torch >= 2.6): the batch carries no
+  ``attention_mask`` and ``position_ids`` that restart at 0 for each sequence; transformers'
+  ``masking_utils`` then detects the packed format (``find_packed_sequence_indices``) and builds
+  the block-diagonal causal mask on the device. Only ``batch x length`` integers cross to the
+  device. transformers does this only without a KV cache: call the model with
+  ``use_cache=False`` (the trainer does; with a cache the rows' sequences would see each other).
+  Under torch < 2.6 transformers detects the packing but does not apply it (its mask functions
+  need torch >= 2.6), so the default there is "mask4d".
+- ``attention="mask4d"``: a ready ``(batch, 1, length, length)`` additive float mask
+  (0 inside a sequence's causal block, the dtype's minimum elsewhere), which transformers passes
+  to eager attention unchanged. Works with older transformers and torch; costs ``length**2``
+  floats per row on the host-to-device link.
+
+In both, the label of each sequence's first token is set to -100: under the causal shift it
+would otherwise be predicted from the previous sequence's last token.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from workbench.data.buckets import round_up
+
+# One definition, in the module that is cheap to import (data.py imports nothing heavy at the
+# top, and nothing from here, so there is no cycle); re-exported below for existing importers.
+from workbench.data.records import IGNORE_INDEX
+
+# ---- collators -------------------------------------------------------------------------------
+
+
+def ids_and_labels(example: Any) -> tuple[list[int], list[int]]:
+    if isinstance(example, dict):
+        ids = list(example["input_ids"])
+        labels = example.get("labels")
+        return ids, list(labels) if labels is not None else list(ids)
+    ids = list(example)
+    return ids, list(ids)
+
+
+class BucketCollator:
+    """Pads a batch to the boundary of its longest member: ``input_ids``, ``attention_mask``, ``labels``.
+
+    Examples are dicts with ``input_ids`` (and optionally ``labels``; missing labels copy the
+    ids) or plain id lists. Sequences longer than ``max_length`` (or the last boundary) are cut.
+    ``boundaries=None`` pads to the longest member itself (rounded up to ``multiple_of``).
+    """
+
+    def __init__(
+        self,
+        pad_token_id: int,
+        boundaries: Sequence[int] | None,
+        max_length: int | None = None,
+        *,
+        multiple_of: int = 1,
+    ) -> None:
+        self.pad_token_id = int(pad_token_id)
+        self.boundaries = None if boundaries is None else sorted(int(b) for b in boundaries)
+        limits = [b for b in (max_length, self.boundaries[-1] if self.boundaries else None) if b is not None]
+        self.limit = min(limits) if limits else None
+        self.multiple_of = int(multiple_of)
+
+    def padded_length(self, longest: int) -> int:
+        if self.boundaries is None:
+            return int(round_up(max(1, longest), self.multiple_of))
+        return self.boundaries[bisect.bisect_left(self.boundaries, longest)]
+
+    def __call__(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
+        pairs = [ids_and_labels(e) for e in examples]
+        if self.limit is not None:
+            pairs = [(ids[: self.limit], labels[: self.limit]) for ids, labels in pairs]
+        length = self.padded_length(max(len(ids) for ids, _ in pairs))
+        n = len(pairs)
+        input_ids = torch.full((n, length), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((n, length), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros((n, length), dtype=torch.long)
+        for row, (ids, labs) in enumerate(pairs):
+            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            labels[row, : len(labs)] = torch.as_tensor(labs, dtype=torch.long)
+            mask[row, : len(ids)] = 1
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+# ---- packing ---------------------------------------------------------------------------------
+
+
+def pack_plan(lengths: Sequence[int] | np.ndarray, row_length: int) -> list[list[int]]:
+    """Group sequence indices into rows of at most `row_length` tokens (best-fit decreasing).
+
+    Longer sequences get a row of their own (the collator truncates them). Deterministic:
+    ties break by index.
+    """
+    if row_length < 1:
+        raise ValueError(f"row_length={row_length!r} is not allowed: must be >= 1")
+    arr = np.minimum(np.asarray(lengths, dtype=np.int64).ravel(), row_length)
+    order = np.lexsort((np.arange(arr.size), -arr))  # longest first, then by index
+    rows: list[list[int]] = []
+    free_values: list[int] = []  # sorted distinct free capacities present
+    rows_by_free: dict[int, list[int]] = {}
+    for index in order.tolist():
+        need = int(arr[index])
+        pos = bisect.bisect_left(free_values, need)
+        if pos < len(free_values):
+            free = free_values[pos]
+            row = rows_by_free[free].pop()
+            if not rows_by_free[free]:
+                del rows_by_free[free]
+                free_values.pop(pos)
+        else:
+            row, free = len(rows), row_length
+            rows.append([])
+        rows[row].append(index)
+        left = free - need
+        if left > 0:
+            if left not in rows_by_free:
+                rows_by_free[left] = []
+                bisect.insort(free_values, left)
+            rows_by_free[left].append(row)
+    return rows
+
+
+def packing_efficiency(lengths: Sequence[int] | np.ndarray, row_length: int) -> dict[str, float | int]:
+    """Real tokens / row tokens when packing `lengths` (clipped to `row_length`)."""
+    arr = np.minimum(np.asarray(lengths, dtype=np.int64), row_length)
+    rows = pack_plan(arr, row_length)
+    real = int(arr.sum())
+    return {
+        "rows": len(rows),
+        "real_tokens": real,
+        "padded_tokens": len(rows) * row_length,
+        "efficiency": real / (len(rows) * row_length),
+        "num_shapes": 1,
+    }
+
+
+def pack_sequences(examples: Sequence[Any], row_length: int) -> list[dict[str, list[int]]]:
+    """Packed rows: each ``{"input_ids", "labels", "position_ids", "seq_lengths"}`` (unpadded).
+
+    ``position_ids`` restart at 0 for each sequence; each sequence's first label is -100 (it
+    would be predicted across the border); sequences longer than the row are truncated.
+    """
+    pairs = [ids_and_labels(e) for e in examples]
+    pairs = [(ids[:row_length], labels[:row_length]) for ids, labels in pairs]
+    rows = []
+    for members in pack_plan([len(ids) for ids, _ in pairs], row_length):
+        row: dict[str, list[int]] = {"input_ids": [], "labels": [], "position_ids": [], "seq_lengths": []}
+        for index in members:
+            ids, labels = pairs[index]
+            row["input_ids"].extend(ids)
+            row["labels"].extend([IGNORE_INDEX, *labels[1:]])
+            row["position_ids"].extend(range(len(ids)))
+            row["seq_lengths"].append(len(ids))
+        rows.append(row)
+    return rows
+
+
+def _packed_attention_default() -> str:
+    """ "position_ids" where transformers both detects packed rows and applies the mask, else "mask4d"."""
+    try:
+        from transformers import masking_utils
+    except ImportError:  # transformers without masking_utils: no packed detection at all
+        return "mask4d"
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):  # transformers < 4.53
+        return "mask4d"
+    # transformers detects the packing under any torch but applies its mask only when this flag
+    # of its own is true (torch >= 2.6); read the flag rather than re-derive the condition. A
+    # transformers without the flag is one we do not know: mask4d is correct everywhere.
+    if not getattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", False):
+        return "mask4d"
+    return "position_ids"
+
+
+class PackedCollator:
+    """Pads packed rows to `row_length` and adds what keeps their sequences apart.
+
+    ``attention="position_ids"``: ``input_ids``, ``labels``, ``position_ids`` (no attention
+    mask, so transformers builds the block-diagonal causal mask from the position resets);
+    ``attention="mask4d"``: also a ``(batch, 1, L, L)`` additive float ``attention_mask``.
+    Padding at a row's end is its own segment (positions from 0, labels -100).
+    """
+
+    def __init__(
+        self,
+        pad_token_id: int,
+        row_length: int,
+        *,
+        attention: Literal["auto", "position_ids", "mask4d"] = "auto",
+        mask_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if attention not in ("auto", "position_ids", "mask4d"):
+            raise ValueError(
+                f"attention={attention!r} is not allowed: expected 'auto', 'position_ids' or 'mask4d'"
+            )
+        self.pad_token_id, self.row_length = int(pad_token_id), int(row_length)
+        self.attention = _packed_attention_default() if attention == "auto" else attention
+        self.mask_dtype = mask_dtype
+
+    def __call__(self, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        n, length = len(rows), self.row_length
+        input_ids = torch.full((n, length), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((n, length), IGNORE_INDEX, dtype=torch.long)
+        positions = torch.zeros((n, length), dtype=torch.long)
+        segments = torch.full((n, length), -1, dtype=torch.long)
+        for r, row in enumerate(rows):
+            used = min(len(row["input_ids"]), length)
+            input_ids[r, :used] = torch.as_tensor(row["input_ids"][:used], dtype=torch.long)
+            labels[r, :used] = torch.as_tensor(row["labels"][:used], dtype=torch.long)
+            positions[r, :used] = torch.as_tensor(row["position_ids"][:used], dtype=torch.long)
+            start = 0
+            for s, seq_len in enumerate(row["seq_lengths"]):
+                segments[r, start : min(start + seq_len, length)] = s
+                start += seq_len
+            positions[r, used:] = torch.arange(length - used)
+        batch = {"input_ids": input_ids, "labels": labels, "position_ids": positions}
+        if self.attention == "mask4d":
+            same = segments[:, :, None] == segments[:, None, :]
+            causal = torch.ones(length, length, dtype=torch.bool).tril()
+            allowed = (same & causal) | torch.eye(length, dtype=torch.bool)  # pads attend to themselves
+            mask = torch.zeros((n, 1, length, length), dtype=self.mask_dtype)
+            mask.masked_fill_(~allowed[:, None], torch.finfo(self.mask_dtype).min)
+            batch["attention_mask"] = mask
+        return batch
+
+
+class RowDataset(torch.utils.data.Dataset):
+    """Packed rows as a map-style dataset."""
+
+    def __init__(self, rows: list[dict[str, list[int]]]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict[str, list[int]]:
+        return self.rows[index]

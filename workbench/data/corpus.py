@@ -1,0 +1,233 @@
+"""[from data] Text in, token ids out: the embedded corpus, a locally trained tokenizer, user data, chat SFT records.
+
+**The embedded corpus** (`embedded_corpus`) is real English technical prose that ships with
+Python itself, so the defaults need no download: the 79 topics of ``pydoc_data.topics`` (the
+language reference pages behind ``help("if")`` etc.), split at their reST headings into
+sections, plus the docstrings of ~110 standard-library modules and of their public classes,
+methods and functions. Pieces longer than ``max_chars`` (500) are split at paragraph breaks,
+then line breaks, then spaces; pieces under 40 characters are left out and identical texts
+are kept once; the order is fixed. On CPython 3.11 that gives about 4,000 documents, 1.0 M
+characters. With the default 512-token BPE trained on it their lengths in tokens (bos/eos
+included) are long-tailed: median ~125, p90 ~240, p99 ~295, max ~430, about 4% above the
+default ``data.max_length`` of 256 — short docstrings next to long reference sections.
+That spread is what makes bucketing matter.
+
+**The tokenizer** (`get_tokenizer`) is a byte-level BPE trained with ``tokenizers`` on that
+corpus (deterministic: same corpus and size, same vocabulary), wrapped as a
+``transformers.PreTrainedTokenizerFast`` with ``<|bos|>``, ``<|end|>`` (eos), ``<|pad|>``,
+role tokens and a chat template. It is cached on disk under ``$XLA_WORKBENCH_CACHE`` (default
+``~/.cache/xla-workbench``) keyed by a hash of the corpus, the size and the recipe. A
+user's own tokenizer directory (``data.tokenizer_path``) loads with
+``AutoTokenizer.from_pretrained(path)`` instead.
+
+**Records** (`load_records`): "embedded" (column ``text``), "chat-sample" (the shipped
+``assets/chat_sample.jsonl``: questions about stdlib functions answered with the first
+paragraph of their docstrings; most as ``messages`` lists, some as prompt/response) or a
+local jsonl/json/csv/parquet/text file or directory, loaded through ``datasets``.
+
+**Tokenising** (`tokenize_records`): plain text becomes ``bos + text + eos`` with labels equal
+to the ids; chat records (``messages`` or ``prompt``/``response``) are rendered with the chat
+template and their labels are -100 everywhere except the assistant turns. Records that
+teach nothing are left out — texts that are empty, not strings or a single token, chat
+records with no assistant token to predict — and counted in one ``RuntimeWarning``. Sequences
+are not cut here: lengths above ``data.max_length`` are truncated or dropped by the batch
+sampler, which counts them (`workbench.bucketing`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+import json
+import os
+import random
+import re
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+CHAT_SAMPLE = ASSETS / "chat_sample.jsonl"
+
+# Standard-library modules whose docstrings join the corpus: importing them has no side effects.
+_DOC_MODULES = (
+    "abc", "argparse", "array", "ast", "asyncio", "base64", "bisect", "builtins", "bz2", "calendar",
+    "cmath", "codecs", "collections", "collections.abc", "colorsys", "configparser", "contextlib",
+    "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis", "doctest", "email.message",
+    "enum", "filecmp", "fnmatch", "fractions", "ftplib", "functools", "getopt", "gettext", "glob",
+    "graphlib", "gzip", "hashlib", "heapq", "hmac", "html", "html.parser", "http.client",
+    "http.server", "imaplib", "inspect", "io", "ipaddress", "itertools", "json", "keyword",
+    "linecache", "locale", "logging", "lzma", "math", "mimetypes", "numbers", "operator", "os",
+    "os.path", "pathlib", "pickle", "platform", "pprint", "queue", "random", "re", "reprlib", "sched",
+    "secrets", "selectors", "shelve", "shlex", "shutil", "signal", "smtplib", "socket", "sqlite3",
+    "statistics", "string", "struct", "subprocess", "tarfile", "tempfile", "textwrap", "threading",
+    "time", "timeit", "tokenize", "tomllib", "traceback", "types", "typing", "unicodedata",
+    "unittest", "urllib.parse", "urllib.request", "uuid", "warnings", "wave", "weakref",
+    "xml.etree.ElementTree", "zipfile", "zlib", "zoneinfo",
+)  # fmt: skip
+
+_HEADING = re.compile(r"^(?P<title>[^\n]+)\n(?P<rule>[*=\-~^\"]{3,})$", re.MULTILINE)
+
+
+# ---- the embedded corpus ---------------------------------------------------------------------
+
+
+def _pack_units(units: list[str], sep: str, max_chars: int) -> list[str]:
+    """Join consecutive units with `sep` into pieces of at most `max_chars` (a longer unit stays whole)."""
+    out: list[str] = []
+    current = ""
+    for unit in units:
+        if current and len(current) + len(sep) + len(unit) > max_chars:
+            out.append(current)
+            current = unit
+        else:
+            current = f"{current}{sep}{unit}" if current else unit
+    if current:
+        out.append(current)
+    return out
+
+
+def _chunks(text: str, max_chars: int) -> list[str]:
+    """Split at blank lines into pieces of at most `max_chars`; a longer paragraph splits at line
+    breaks, a longer line at spaces."""
+    units: list[str] = []
+    for para in re.split(r"\n\s*\n", text.strip()):
+        para = para.strip("\n")
+        if not para.strip():
+            continue
+        if len(para) <= max_chars:
+            units.append(para)
+            continue
+        lines: list[str] = []
+        for line in para.split("\n"):
+            lines.extend([line] if len(line) <= max_chars else _pack_units(line.split(" "), " ", max_chars))
+        units.extend(_pack_units(lines, "\n", max_chars))
+    return _pack_units(units, "\n\n", max_chars)
+
+
+def _topic_sections(text: str) -> list[str]:
+    """A pydoc topic split at its reST headings (each section keeps its heading)."""
+    starts = [m.start() for m in _HEADING.finditer(text) if len(m.group("rule")) >= len(m.group("title")) - 2]
+    if not starts or starts[0] != 0:
+        starts = [0, *starts]
+    bounds = [*starts, len(text)]
+    return [text[a:b].strip() for a, b in itertools.pairwise(bounds) if text[a:b].strip()]
+
+
+def _module_docstrings(name: str) -> list[str]:
+    try:
+        module = importlib.import_module(name)
+    except ImportError:  # e.g. tomllib before 3.11
+        return []
+    docs = [inspect.getdoc(module) or ""]
+    owner = module.__name__
+    for attr in sorted(vars(module)):
+        if attr.startswith("_"):
+            continue
+        obj = vars(module)[attr]
+        if getattr(obj, "__module__", None) not in (owner, name) and name != "builtins":
+            continue
+        if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+            continue
+        docs.append(inspect.getdoc(obj) or "")
+        if inspect.isclass(obj):
+            for member in sorted(vars(obj)):
+                if member.startswith("_") and member != "__init__":
+                    continue
+                value = vars(obj)[member]
+                if inspect.isroutine(value) or isinstance(value, (property, classmethod, staticmethod)):
+                    docs.append(inspect.getdoc(value) or "")
+    return docs
+
+
+@lru_cache(maxsize=4)
+def _corpus(max_chars: int) -> tuple[str, ...]:
+    import pydoc_data.topics
+
+    pieces: list[str] = []
+    for key in sorted(pydoc_data.topics.topics):
+        for section in _topic_sections(pydoc_data.topics.topics[key]):
+            pieces.extend(_chunks(section, max_chars))
+    with warnings.catch_warnings():  # reading e.g. typing.io's docstring warns that it is deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        docstrings = [doc for name in _DOC_MODULES for doc in _module_docstrings(name)]
+    for doc in docstrings:
+        pieces.extend(_chunks(doc, max_chars))
+    seen: set[str] = set()
+    out = []
+    for piece in pieces:
+        if len(piece) >= 40 and piece not in seen:
+            seen.add(piece)
+            out.append(piece)
+    return tuple(out)
+
+
+def embedded_corpus(max_chars: int = 500) -> list[str]:
+    """Real text shipped with Python: pydoc topic sections and stdlib docstrings, in a fixed order."""
+    if max_chars < 100:
+        raise ValueError(f"max_chars={max_chars} is not allowed: must be >= 100")
+    return list(_corpus(int(max_chars)))
+
+
+# ---- how the shipped chat sample was made ------------------------------------------------------
+
+_CHAT_MODULES = (
+    "bisect", "collections", "copy", "csv", "datetime", "difflib", "fnmatch", "functools", "glob",
+    "hashlib", "heapq", "itertools", "json", "math", "operator", "os", "os.path", "random", "re",
+    "shlex", "shutil", "statistics", "string", "textwrap", "time", "urllib.parse", "zlib",
+)  # fmt: skip
+_QUESTIONS = (
+    "What does `{q}` do?",
+    "Explain `{q}` from the Python standard library.",
+    "In Python, what is `{q}` for?",
+    "I found `{q}` in some code. What does it do?",
+    "Briefly, how does `{q}` behave?",
+)
+_SYSTEM = "You answer questions about the Python standard library, briefly and precisely."
+
+
+def generate_chat_sample(path: str | os.PathLike[str] = CHAT_SAMPLE, limit: int = 320, seed: int = 0) -> int:
+    """Write the chat sample: questions about stdlib callables answered from their docstrings.
+
+    This is how ``assets/chat_sample.jsonl`` was made (CPython 3.11). Answers are the first
+    paragraph of each docstring; some records get a system turn, some a second turn asking for
+    the signature, and every fifth is stored in prompt/response form. Returns the record count.
+    """
+    rng = random.Random(seed)
+    items = []
+    for name in _CHAT_MODULES:
+        module = importlib.import_module(name)
+        for attr in sorted(vars(module)):
+            obj = vars(module)[attr]
+            if attr.startswith("_") or not callable(obj):
+                continue
+            doc = inspect.getdoc(obj) or ""
+            para = " ".join(doc.split("\n\n")[0].split())
+            if not 40 <= len(para) <= 600:
+                continue
+            try:
+                signature = str(inspect.signature(obj))
+            except (TypeError, ValueError):
+                signature = None
+            items.append((f"{name}.{attr}", para, signature))
+    rng.shuffle(items)
+    records = []
+    for i, (qualname, answer, signature) in enumerate(items[:limit]):
+        question = rng.choice(_QUESTIONS).format(q=qualname)
+        if i % 5 == 4:
+            records.append({"prompt": question, "response": answer})
+            continue
+        messages = [{"role": "system", "content": _SYSTEM}] if i % 3 == 0 else []
+        messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        if signature is not None and i % 4 == 1:
+            messages += [
+                {"role": "user", "content": "What is its signature?"},
+                {"role": "assistant", "content": f"`{qualname}{signature}`"},
+            ]
+        records.append({"messages": messages})
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return len(records)

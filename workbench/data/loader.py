@@ -1,0 +1,245 @@
+"""[from bucketing] Planned sequence shapes: bucket boundaries, bucketed batches, packing and compile prewarm.
+
+XLA compiles one program per input shape. Raw variable-length batches recompile at every new
+length; padding everything to the maximum compiles once but spends most FLOPs on padding. This
+module turns the set of shapes into a planned, measured quantity:
+
+- `plan_buckets` chooses at most K padded lengths ("boundaries") for a length distribution.
+  Strategy "optimal" is an exact dynamic programme: it returns the boundaries (multiples of
+  ``multiple_of``) with the fewest padded tokens possible, over the histogram of distinct
+  rounded-up lengths (so 1,000,000 lengths cost what their few thousand distinct values cost),
+  with a monotone convex-hull trick making each of the K layers linear in the distinct values.
+- `BucketBatchSampler` groups indices by bucket, batches inside a bucket, and knows every
+  (batch, length) shape it can emit (`batch_shapes`), so `prewarm` compiles them all up front.
+- `BucketCollator` pads ``input_ids``/``attention_mask``/``labels`` to the bucket boundary.
+- `pack_sequences` / `PackedCollator` put several sequences in one fixed-length row instead.
+- `make_loader` builds the loader the training loop uses from ``cfg.bucketing``.
+
+**Boundaries are fitted to sequence lengths, not to per-batch maxima.** The sampler forms
+batches *inside* a bucket and the collator pads every batch of bucket ``j`` to boundary
+``b_j``, whatever its members are, so each sequence costs exactly its bucket boundary: the
+padded-token count of an epoch is ``sum(boundary(length_i))`` over the sequences (plus the
+remainders dropped to keep shapes fixed), which is what the planner minimises. Per-batch maxima
+would be the right target only for batches formed first and padded to their longest member
+(strategy "none"); their maxima depend on the shuffle, change every epoch and give one shape
+per distinct maximum — the recompilation this module exists to avoid.
+
+Packing keeps sequences apart under eager attention (what `workbench.models.build_model` uses
+on XLA) in one of two ways, both checked against per-sequence losses in the tests:
+
+- ``attention="position_ids"`` (default with transformers >= 4.53 and torch >= 2.6): the batch carries no
+  ``attention_mask`` and ``position_ids`` that restart at 0 for each sequence; transformers'
+  ``masking_utils`` then detects the packed format (``find_packed_sequence_indices``) and builds
+  the block-diagonal causal mask on the device. Only ``batch x length`` integers cross to the
+  device. transformers does this only without a KV cache: call the model with
+  ``use_cache=False`` (the trainer does; with a cache the rows' sequences would see each other).
+  Under torch < 2.6 transformers detects the packing but does not apply it (its mask functions
+  need torch >= 2.6), so the default there is "mask4d".
+- ``attention="mask4d"``: a ready ``(batch, 1, length, length)`` additive float mask
+  (0 inside a sequence's causal block, the dtype's minimum elsewhere), which transformers passes
+  to eager attention unchanged. Works with older transformers and torch; costs ``length**2``
+  floats per row on the host-to-device link.
+
+In both, the label of each sequence's first token is set to -100: under the causal shift it
+would otherwise be predicted from the previous sequence's last token.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from workbench.data.buckets import BucketPlan, plan_buckets
+from workbench.data.collate import BucketCollator, PackedCollator, RowDataset, ids_and_labels, pack_sequences
+from workbench.data.sampler import BucketBatchSampler
+
+# One definition, in the module that is cheap to import (data.py imports nothing heavy at the
+# top, and nothing from here, so there is no cycle); re-exported below for existing importers.
+
+# ---- prewarm ---------------------------------------------------------------------------------
+
+
+def prewarm(
+    step_fn: Callable[[Any], Any],
+    batch_shapes: Sequence[tuple[int, int]],
+    make_batch: Callable[[tuple[int, int]], Any],
+    *,
+    repeats: int = 1,
+) -> int:
+    """Compile the training step for every shape before the first real step; returns programs compiled.
+
+    For each shape, ``step_fn(make_batch(shape))`` runs ``repeats`` times, each followed by a
+    sync (use 2 when the first step's graph differs from later ones, e.g. optimizer state that
+    is created on the first step). The step really runs: pass a step whose updates you discard
+    (snapshot and restore the weights and optimizer state around it) or accept them as warm-up.
+    Off XLA nothing compiles and this returns 0 without running anything.
+
+    What ``step_fn`` returns stays alive across the sync, as the loss does in a loop that hands
+    it to a step closure. The loop must match: a tensor alive at the sync is a program output,
+    so a loop that drops the step's outputs before syncing runs a different program and
+    compiles again.
+    """
+    from workbench.backend import runtime
+
+    if not runtime.xla_imported():
+        return 0
+    before = runtime.compile_count()
+    for shape in batch_shapes:
+        batch = make_batch(tuple(shape))
+        for _ in range(repeats):
+            out = step_fn(batch)
+            runtime.sync()
+            del out
+    runtime.wait_device_ops()
+    return runtime.compile_count() - before
+
+
+def synthetic_batch(
+    shape: tuple[int, int],
+    *,
+    vocab_size: int,
+    pad_token_id: int = 0,
+    seed: int = 0,
+    template: Mapping[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """A host batch of `shape` (batch, length) with random ids, all tokens real, for `prewarm`.
+
+    Without `template`: ``input_ids``, ``attention_mask`` and ``labels``, the layout of
+    `BucketCollator`. With one (a real batch from the loader in use), the template's keys,
+    dtypes and extra dimensions: ``position_ids`` count up, a packed 4-D attention mask is the
+    template's first row broadcast to the new shape, so the compiled program is the loop's own.
+    Ids come from a private generator: prewarming does not move the training RNG.
+    """
+    rows, length = int(shape[0]), int(shape[1])
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + rows * 10_007 + length)
+    ids = torch.randint(0, vocab_size, (rows, length), generator=gen)
+    if template is None:
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone()}
+    t_len = template["input_ids"].shape[1]
+    out: dict[str, torch.Tensor] = {}
+    for key, value in template.items():
+        dims = [rows if i == 0 else (length if d == t_len else d) for i, d in enumerate(value.shape)]
+        if key == "input_ids":
+            out[key] = ids.to(value.dtype)
+        elif key == "labels":
+            out[key] = ids.clone().to(value.dtype)
+        elif key == "position_ids":
+            out[key] = torch.arange(length).expand(rows, length).contiguous().to(value.dtype)
+        elif key == "attention_mask" and value.dim() == 2:
+            out[key] = torch.ones(rows, length, dtype=value.dtype)
+        else:  # e.g. a 4-D packed attention mask: the template's first entry, broadcast to the new shape
+            sample = value.detach().to("cpu")
+            base = sample[tuple(slice(0, 1) if i == 0 else slice(None) for i in range(sample.dim()))]
+            if base.shape[1:] != tuple(dims[1:]):
+                base = torch.zeros([1, *dims[1:]], dtype=value.dtype)
+            out[key] = base.expand(*dims).contiguous()
+    return out
+
+
+# ---- the training loader ----------------------------------------------------------------------
+
+
+def _examples_of(dataset: Any) -> list[dict[str, list[int]]]:
+    """``input_ids`` (and ``labels``) of every example; whole columns at once for a `datasets.Dataset`."""
+    names = getattr(dataset, "column_names", None)
+    if names is not None:
+        ids = dataset["input_ids"]
+        labels = dataset["labels"] if "labels" in names else ids
+        return [{"input_ids": list(a), "labels": list(b)} for a, b in zip(ids, labels)]
+    return [dict(zip(("input_ids", "labels"), ids_and_labels(dataset[i]))) for i in range(len(dataset))]
+
+
+def _lengths_of(dataset: Any) -> np.ndarray:
+    names = getattr(dataset, "column_names", None) or []
+    if "length" in names:
+        return np.asarray(dataset["length"], dtype=np.int64)
+    return np.asarray([len(dataset[i]["input_ids"]) for i in range(len(dataset))], dtype=np.int64)
+
+
+def plan_for_config(lengths: Sequence[int] | np.ndarray, cfg: Any) -> BucketPlan | None:
+    """The plan `make_loader` uses for `cfg.bucketing` (None for strategy "none" or packing)."""
+    b = cfg.bucketing
+    if b.packing or b.strategy == "none":
+        return None
+    return plan_buckets(
+        lengths, b.max_buckets, multiple_of=b.multiple_of, max_length=cfg.data.max_length, strategy=b.strategy
+    )
+
+
+def make_loader(
+    dataset: Any, cfg: Any, *, pad_token_id: int, dp_size: int = 1, seed: int = 0
+) -> tuple[torch.utils.data.DataLoader, BucketBatchSampler | None]:
+    """The training loader for `cfg`: bucketed batches, or packed rows when ``cfg.bucketing.packing``.
+
+    `dataset` has ``input_ids`` (and ``labels``, ``length``) per example, e.g. from
+    `workbench.data.build_datasets`. Batch sizes: ``cfg.bucketing.tokens_per_batch`` when set,
+    else ``cfg.train.batch_size``, rounded down to a multiple of ``dp_size``. The returned
+    sampler (also ``loader.batch_sampler``) has ``batch_shapes()`` for prewarm, ``set_epoch``,
+    ``state_dict``/``load_state_dict`` and ``report()``.
+    """
+    from torch.utils.data import DataLoader
+
+    b = cfg.bucketing
+    max_length = int(cfg.data.max_length)
+    sizes = (
+        {"tokens_per_batch": b.tokens_per_batch}
+        if b.tokens_per_batch is not None
+        else {"batch_size": cfg.train.batch_size}
+    )
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty: nothing to load")
+    if b.packing:
+        examples = _examples_of(dataset)
+        too_long = [i for i, e in enumerate(examples) if len(e["input_ids"]) > max_length]
+        cut = sum(len(examples[i]["input_ids"]) - max_length for i in too_long)
+        if too_long and b.overflow == "drop":
+            dropped = set(too_long)
+            examples = [e for i, e in enumerate(examples) if i not in dropped]
+        if not examples:
+            raise ValueError(
+                f"every sequence is longer than data.max_length={max_length} and overflow='drop'"
+            )
+        rows = pack_sequences(examples, max_length)
+        sampler = BucketBatchSampler(
+            [len(r["input_ids"]) for r in rows], [max_length], dp_size=dp_size, seed=seed, **sizes
+        )
+        sampler.notes["packing"] = {
+            "sequences": len(examples),
+            "rows": len(rows),
+            "efficiency": sum(len(r["input_ids"]) for r in rows) / (len(rows) * max_length),
+            "overflow": len(too_long),
+            "overflow_action": b.overflow,
+            "overflow_tokens_cut": cut,
+        }
+        if too_long:
+            warnings.warn(
+                f"{len(too_long)} of {len(dataset)} sequences are longer than data.max_length={max_length}: "
+                f"{'truncated' if b.overflow == 'truncate' else 'dropped'} before packing "
+                f"({cut} tokens cut); see the sampler's report()",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        collate: Callable[..., Any] = PackedCollator(pad_token_id, max_length)
+        return DataLoader(RowDataset(rows), batch_sampler=sampler, collate_fn=collate), sampler
+
+    lengths = _lengths_of(dataset)
+    plan = plan_for_config(lengths, cfg)
+    boundaries = plan.boundaries if plan is not None else None
+    sampler = BucketBatchSampler(
+        lengths,
+        boundaries,
+        dp_size=dp_size,
+        seed=seed,
+        overflow=b.overflow,
+        max_length=max_length,
+        multiple_of=b.multiple_of,
+        **sizes,
+    )
+    # multiple_of matters only without boundaries (strategy "none"): the collator rounds each
+    # batch's longest member up to it, and the sampler must list those lengths for prewarm.
+    collate = BucketCollator(pad_token_id, boundaries, max_length, multiple_of=b.multiple_of)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate), sampler

@@ -1,0 +1,345 @@
+"""[from checkpoint] Checkpoints that survive faults: atomic, verified, pickle-free.
+
+A checkpoint is one directory ``<root>/step-00000120/`` holding
+
+- ``<part>.safetensors`` for every top-level entry of the saved state that holds tensors
+  (``model.safetensors`` is a plain weights file keyed by parameter name; optimizer moments,
+  RNG states and so on go to their own files);
+- ``state.json``: everything that is not a tensor (step, scheduler, sampler position,
+  optimizer hyper-parameters, Python/NumPy RNG) plus the structure that puts the tensors
+  back where they were;
+- ``manifest.json``: size and SHA-256 of every other file, written last.
+
+Under SPMD (``sharded=True``) the tensors of each part go through `torch.distributed.checkpoint`
+with torch_xla's SPMD planners instead (``<part>.dcp/``): each device's shard is written
+as it is, and loading writes shards straight into the already-sharded destination tensors.
+DCP keeps its index in a pickle; we read it with torch's weights-only unpickler
+restricted to DCP's metadata classes, never with `pickle.load`.
+
+Atomicity: everything is written into ``<root>/.tmp-step-...`` and fsynced, then the
+directory is renamed into place (a rename within one directory is atomic on POSIX).
+A crash before the rename leaves only a temporary directory, which `latest()` ignores and
+the next `save` removes; the previous checkpoint stays loadable. `load` checks the manifest
+first, so a truncated or corrupted file fails with `CheckpointError` naming the file and
+what is wrong, instead of a confusing error deep inside a deserialiser.
+
+Nothing is ever unpickled: tensors come from safetensors (or DCP through the restricted
+unpickler above), the rest from JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.backend import runtime
+
+FORMAT_VERSION = 1
+
+
+# ---- nested state <-> (JSON structure, flat tensors) ---------------------------------------
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, truncated or corrupted; the message says which file and why."""
+
+
+def flatten_state(state: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
+    """Split a nested state into a JSON-able structure and a flat ``{key: tensor}`` dict.
+
+    Supported leaves: tensors, NumPy arrays, int/float/bool/str/None. Containers: dict (any
+    JSON-scalar keys, so optimizer state keyed by int survives), list, tuple. Tensor keys
+    are the '/'-joined path, so a model state dict's keys are its parameter names.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    structure = _encode(state, prefix, tensors)
+    return structure, tensors
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}/{key}" if prefix else str(key)
+
+
+def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    import numpy as np
+
+    if isinstance(obj, torch.Tensor):
+        if path in tensors:
+            raise CheckpointError(f"two tensors map to the same checkpoint key {path!r}; rename one of them")
+        tensors[path] = obj
+        return {"__tensor__": path}
+    if isinstance(obj, np.ndarray):
+        tensors[path] = torch.from_numpy(np.ascontiguousarray(obj).copy())
+        return {"__ndarray__": path}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, _join(path, i), tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, _join(path, i), tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, Mapping):
+        items = []
+        for key, value in obj.items():
+            if not (key is None or isinstance(key, (bool, int, float, str))):
+                raise CheckpointError(
+                    f"cannot checkpoint key {key!r} at {path or '<root>'}: keys must be str/int/float/bool"
+                )
+            items.append([key, _encode(value, _join(path, key), tensors)])
+        return {"__items__": items}
+    raise CheckpointError(
+        f"cannot checkpoint a {type(obj).__name__} at {path or '<root>'}: allowed are tensors, "
+        "NumPy arrays, numbers, strings, None, and dicts/lists/tuples of them"
+    )
+
+
+def unflatten_state(structure: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """Inverse of `flatten_state`."""
+    if isinstance(structure, list):
+        return [unflatten_state(v, tensors) for v in structure]
+    if isinstance(structure, dict):
+        if "__tensor__" in structure:
+            return _tensor(tensors, structure["__tensor__"])
+        if "__ndarray__" in structure:
+            return _tensor(tensors, structure["__ndarray__"]).numpy()
+        if "__tuple__" in structure:
+            return tuple(unflatten_state(v, tensors) for v in structure["__tuple__"])
+        if "__items__" in structure:
+            return {key: unflatten_state(value, tensors) for key, value in structure["__items__"]}
+        raise CheckpointError(f"state.json holds an unknown node {sorted(structure)}")
+    return structure
+
+
+def _tensor(tensors: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
+    try:
+        return tensors[key]
+    except KeyError:
+        raise CheckpointError(f"checkpoint lacks tensor {key!r} that state.json refers to") from None
+
+
+def sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not every filesystem lets a directory be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def files_under(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def host_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU copies, XLA tensors fetched in one batched transfer, shared storage un-shared."""
+    keys = list(tensors)
+    values = [t.detach() for t in tensors.values()]
+    xla_idx = [i for i, t in enumerate(values) if t.device.type == "xla"]
+    if xla_idx:
+        fetched = runtime.to_cpu([values[i] for i in xla_idx])
+        for i, t in zip(xla_idx, fetched):
+            values[i] = t
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, t in zip(keys, values):
+        t = t.to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr() if t.numel() else 0
+        if ptr and ptr in seen:  # tied weights: safetensors refuses tensors that share memory
+            t = t.clone()
+        seen.add(ptr)
+        out[key] = t
+    return out
+
+
+def is_sharded_xla(t: torch.Tensor) -> bool:
+    return t.device.type == "xla" and bool(runtime.sharding_spec(t))
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {str(path)!r}: {err}") from None
+
+
+# ---- torch.distributed.checkpoint (SPMD) ---------------------------------------------------------
+
+
+def _unique_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One key per tensor object: tied weights (lm_head = embed_tokens) are written and read once."""
+    seen: set[int] = set()
+    out = {}
+    for key, tensor in tensors.items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out[key] = tensor
+    return out
+
+
+def save_dcp(tensors: dict[str, torch.Tensor], directory: Path) -> bool:
+    """Write through DCP and check its index holds every tensor; False (nothing left behind) if not.
+
+    torch_xla 2.9's SPMD planner silently leaves out tensors that are sharded *and* partially
+    replicated (a data x fsdp mesh with data > 1) when one process holds all devices; such
+    parts go to safetensors as full tensors instead (correct, just not sharded on disk).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    unique = _unique_tensors(tensors)
+    directory.mkdir()
+    dcp.save(unique, storage_writer=dcp.FileSystemWriter(str(directory)), planner=runtime.spmd_save_planner())
+    written = set(_dcp_reader(directory).read_metadata().state_dict_metadata)
+    if set(unique) <= written:
+        return True
+    shutil.rmtree(directory)
+    return False
+
+
+def _dcp_reader(directory: Path) -> Any:
+    """DCP's file reader, with its pickled index read by the weights-only unpickler."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import metadata as md
+
+    class RestrictedReader(dcp.FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            with open(directory / ".metadata", "rb") as f:
+                try:
+                    metadata = _RestrictedUnpickler(f).load()
+                except CheckpointError:
+                    raise
+                except Exception as err:
+                    raise CheckpointError(f"cannot read the DCP index of {str(directory)!r}: {err}") from None
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = md.StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return RestrictedReader(str(directory))
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Unpickles DCP's index only: any global outside its metadata classes is refused."""
+
+    _ALLOWED = {
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    } | {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch", "float32"),
+        ("torch", "float16"),
+        ("torch", "bfloat16"),
+        ("torch", "float64"),
+        ("torch", "int64"),
+        ("torch", "int32"),
+        ("torch", "int8"),
+        ("torch", "uint8"),
+        ("torch", "bool"),
+        ("torch", "strided"),
+        ("torch", "contiguous_format"),
+        ("torch", "preserve_format"),
+        ("collections", "OrderedDict"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "PurePosixPath"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._ALLOWED:
+            raise CheckpointError(
+                f"DCP index refers to {module}.{name}, which a checkpoint index never needs; refusing it"
+            )
+        return super().find_class(module, name)
+
+
+def load_dcp(targets: dict[str, torch.Tensor], directory: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(
+        _unique_tensors(targets), storage_reader=_dcp_reader(directory), planner=runtime.spmd_load_planner()
+    )
+
+
+# ---- RNG state -------------------------------------------------------------------------------------
+
+
+def capture_rng(include_xla: bool = False) -> dict[str, Any]:
+    """Every RNG a training step may touch: Python, NumPy, torch CPU (+ CUDA, + the XLA device seed)."""
+    import random
+
+    import numpy as np
+
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s for s in torch.cuda.get_rng_state_all()]
+    if include_xla:
+        state["xla"] = runtime.rng_state()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    import random
+
+    import numpy as np
+
+    random.setstate(_as_tuples(state["python"]))
+    np_state = state["numpy"]
+    np.random.set_state(tuple(np_state))
+    torch.set_rng_state(state["torch"].to(torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.to(torch.uint8) for s in state["cuda"]])
+    if "xla" in state and runtime.xla_imported():
+        runtime.set_rng_state(int(state["xla"]))
+
+
+def _as_tuples(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(v) for v in value)
+    return value
