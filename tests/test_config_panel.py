@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from widgets.config_panel import MODEL_PRESETS, TARGETS, ConfigPanel, measure_redraw, mesh_factorisations
+from widgets.config_panel import ConfigPanel, measure_redraw
 from workbench.analysis.estimate import estimate, model_shape
 from workbench.backend.hardware import CHIPS, HardwareInfo
-from workbench.config import ConfigError, WorkbenchConfig
+from workbench.backend.targets import TARGETS, mesh_factorisations
+from workbench.config import ConfigError, ModelConfig, WorkbenchConfig
+from workbench.models.presets import MODEL_PRESETS
 
 GiB = 1024**3
 
@@ -304,3 +309,47 @@ def test_redraw_times_are_bounded(panel):
     for _ in range(120):
         panel.refresh()
     assert len(panel.redraw_ms) == 100
+
+
+def test_targets_and_presets_are_headless():
+    # Scripts and the CLI plan with them: importing them must not pull in the UI stack.
+    code = (
+        "import sys\n"
+        "import workbench.backend.targets, workbench.models.presets\n"
+        "ui = sorted(m for m in sys.modules if m.split('.')[0] in ('ipywidgets', 'plotly', 'widgets'))\n"
+        "print(ui)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_presets_are_model_config_fields():
+    fields = set(ModelConfig.__dataclass_fields__)
+    for name, preset in MODEL_PRESETS.items():
+        assert set(preset) <= fields, name
+        cfg = WorkbenchConfig().with_overrides({f"model.{k}": v for k, v in preset.items()})
+        assert cfg.model.hidden_size == preset["hidden_size"]
+
+
+def _public_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return {n for n in names if not n.startswith("_")}
+
+
+def test_no_widgets_name_is_defined_twice():
+    # Each public name has one home: a widgets module neither re-exports nor shadows another's.
+    root = Path(__file__).resolve().parent.parent
+    homes: dict[str, list[str]] = {}
+    for package in ("workbench", "widgets"):
+        for path in sorted((root / package).rglob("*.py")):
+            for name in _public_names(path):
+                homes.setdefault(name, []).append(str(path.relative_to(root)))
+    twice = {n: h for n, h in homes.items() if len(h) > 1 and any(p.startswith("widgets") for p in h)}
+    assert not twice, twice

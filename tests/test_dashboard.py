@@ -10,12 +10,13 @@ import plotly.graph_objects as go
 import pytest
 
 from widgets.dashboard import Dashboard
+from workbench.analysis.metrics import METRIC_KEYS
 
 GiB = 1024**3
 
 
 def metrics(step: int, **over):
-    """A metrics dict shaped like the contract in CONTRACTS.md (profiler -> trainer -> widgets)."""
+    """A metrics dict shaped like the contract (`workbench.analysis.metrics.RunMetrics`), partly filled."""
     row = {
         "step": step,
         "loss": 6.0 / (1 + step),
@@ -36,6 +37,7 @@ def metrics(step: int, **over):
         "eval_loss": None,
     }
     row.update(over)
+    assert set(row) <= set(METRIC_KEYS), set(row) - set(METRIC_KEYS)
     return row
 
 
@@ -185,3 +187,38 @@ def test_warmup_compiles_come_from_the_run_not_the_process():
     cold = Dashboard(min_interval_s=0)
     cold(metrics(5, compiles=0, total_compiles=40, warmup_compiles=0))
     assert list(cold.trace("compiles").x) == [5] and cold.summary()["warmup_compiles"] == 0
+
+
+def test_every_key_read_is_a_run_metrics_key():
+    read: set[str] = set()
+
+    class ContractRow(dict):
+        """A metrics dict that refuses (and records) reads of keys outside `RunMetrics`."""
+
+        def _check(self, key):
+            assert key in METRIC_KEYS, f"the dashboard reads {key!r}, which is not a RunMetrics key"
+            read.add(key)
+
+        def __getitem__(self, key):
+            self._check(key)
+            return super().__getitem__(key)
+
+        def get(self, key, default=None):
+            self._check(key)
+            return super().get(key, default)
+
+    for rows in (
+        [metrics(5, warmup_compiles=2), metrics(10, recompiled=True, compiles=1, eval_loss=2.0)],
+        [metrics(5, compiles=1, mfu=0.3, device_memory_bytes=GiB, device_memory_limit_bytes=16 * GiB)],
+    ):
+        dash = Dashboard(min_interval_s=60)
+        dash(ContractRow(rows[0]))
+        dash.history = [ContractRow(r) for r in rows]
+        dash(ContractRow(metrics(15)))  # reads the previous row's step
+        dash.history = [ContractRow(r) for r in dash.history]
+        dash._pending = True
+        dash.flush()  # every trace, the warm-up count, the MFU note and the status line
+        dash.summary()
+    drawn = {"tokens_per_s", "mfu", "step_time_s", "loss", "eval_loss", "compiles", "recompiled"}
+    memory = {"device_memory_bytes", "device_memory_limit_bytes", "host_rss_bytes"}
+    assert drawn | memory | {"step", "warmup_compiles", "total_compiles", "tokens_seen"} <= read

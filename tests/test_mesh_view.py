@@ -7,7 +7,7 @@ import warnings
 import plotly.graph_objects as go
 import pytest
 
-from widgets.mesh_view import mesh_figure, mesh_view, parameter_groups, split_kind
+from widgets.mesh_view import mesh_figure, mesh_view, parameter_group_rows, split_kind
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
 from workbench.parallel.plan import ShardingReport, plan_sharding
@@ -43,7 +43,7 @@ def test_device_panel_matches_the_report(model):
 
 def test_groups_fold_layers_and_keep_totals(model):
     report = plan(model, {"data": 1, "fsdp": 4, "model": 2})
-    groups = parameter_groups(report)
+    groups = parameter_group_rows(report)
     names = [g["name"] for g in groups]
     assert "model.layers.*.mlp.up_proj.weight" in names
     assert not any(".0." in n or ".1." in n for n in names)
@@ -70,7 +70,7 @@ def test_tile_panel_shows_which_device_holds_which_slice(model):
 
 def test_pure_data_parallel_is_replicated_everywhere(model):
     report = plan(model, {"data": 8, "fsdp": 1, "model": 1})
-    groups = parameter_groups(report)
+    groups = parameter_group_rows(report)
     assert {g["kind"] for g in groups} == {"replicated"}
     fig = mesh_figure(report)
     assert all(v == pytest.approx(report.total_bytes / MiB) for row in fig.data[0].z for v in row)

@@ -5,12 +5,16 @@ gradient checkpointing, mesh axes (only the factorisations of the target's devic
 offered), bucket count, and the target hardware (the detected one or a named slice such as
 v5e-8). Every change redraws, live:
 
-- the per-device memory estimate (`workbench.memory.estimate`) as a stacked bar of its
-  breakdown against the target's memory per device, with a fits / does-not-fit sign;
-- the largest global batch that fits (`workbench.memory.max_batch_size`);
+- the per-device memory estimate (`workbench.analysis.estimate.estimate`) as a stacked bar of
+  its breakdown against the target's memory per device, with a fits / does-not-fit sign;
+- the largest global batch that fits (`workbench.analysis.batch.max_batch_size`);
 - the length histogram of the data with the planned bucket boundaries
-  (`workbench.bucketing.plan_buckets`) and their padding efficiency;
+  (`workbench.data.buckets.plan_buckets`) and their padding efficiency;
 - the resulting config object (`.config`) and its YAML (`.yaml`).
+
+This module holds the controls, their wiring and the panel's state; the figures and readouts
+are drawn by `widgets.config_figures`. The hardware targets come from
+`workbench.backend.targets`, the model sizes from `workbench.models.presets`.
 
 Redraws are cheap (the estimate is analytic, the bucket plan is cached per setting) and timed:
 `.redraw_ms` holds the time of each of the last 100.
@@ -21,134 +25,37 @@ error when the controls describe an invalid config.
 
 from __future__ import annotations
 
-import html
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, get_args, get_type_hints
 
 import ipywidgets as ipw
 import numpy as np
-import plotly.graph_objects as go
 
-from widgets.figures import sync_state
+from widgets.config_figures import (
+    bucket_readout,
+    draw_bucket_plan,
+    draw_memory,
+    error_readout,
+    estimate_readout,
+    fits_readout,
+    largest_batch_readout,
+    new_length_figure,
+    new_memory_figure,
+    yaml_readout,
+)
 from workbench.analysis.batch import max_batch_size
 from workbench.analysis.estimate import estimate as estimate_memory
-from workbench.backend.hardware import CHIPS, HardwareInfo
+from workbench.backend.hardware import HardwareInfo
+from workbench.backend.targets import TARGETS, Target, mesh_factorisations, resolve_target, training_devices
 from workbench.config import ConfigError, TrainConfig, WorkbenchConfig
-from workbench.units import GiB, format_bytes
+from workbench.models.presets import MODEL_PRESETS
 
-
-@dataclass(frozen=True)
-class Target:
-    """A hardware target: chip type and how many runtime devices the slice has."""
-
-    name: str
-    chip: str
-    num_devices: int
-    memory_per_device_bytes: int | None
-
-    @property
-    def label(self) -> str:
-        mem = (
-            "unknown"
-            if self.memory_per_device_bytes is None
-            else f"{self.memory_per_device_bytes / GiB:.0f} GiB"
-        )
-        return f"{self.name} ({self.num_devices} × {mem})"
-
-
-def _named_target(name: str, chip: str, chips: int) -> Target:
-    spec = CHIPS[chip]
-    devices = chips * spec.devices_per_chip
-    return Target(name, chip, devices, spec.hbm_bytes // spec.devices_per_chip)
-
-
-# TPU slice names count TensorCores for v2-v4 (v4-8 = 4 megacore chips = 4 devices) and chips
-# for v5e/v6e (v5e-8 = 8 chips). Colab's TPU runtime is one v5e chip, Kaggle's is a v5e-8.
-TARGETS: dict[str, Target] = {
-    t.name: t
-    for t in (
-        _named_target("v5e-1", "v5e", 1),
-        _named_target("v5e-4", "v5e", 4),
-        _named_target("v5e-8", "v5e", 8),
-        _named_target("v6e-1", "v6e", 1),
-        _named_target("v6e-8", "v6e", 8),
-        _named_target("v4-8", "v4", 4),
-        _named_target("T4", "t4", 1),
-        _named_target("L4", "l4", 1),
-        _named_target("A100-40GB", "a100-40gb", 1),
-        _named_target("A100-80GB", "a100-80gb", 1),
-        _named_target("H100", "h100", 1),
-    )
-}
-
-
-# Model sizes offered besides the config's own model (shapes of well-known models). No vocabulary
-# size: a model built from a config takes its vocabulary from the tokenizer the run uses
-# (`Trainer` builds it with ``vocab_size=len(tokenizer)``), so the preset's own vocabulary would
-# only make the logits estimate describe a model that never trains.
-def _preset(
-    family: str,
-    hidden: int,
-    layers: int,
-    heads: int,
-    kv_heads: int,
-    mlp: int,
-    positions: int,
-    tie: bool,
-) -> dict[str, Any]:
-    return {
-        "family": family,
-        "hidden_size": hidden,
-        "num_layers": layers,
-        "num_heads": heads,
-        "num_kv_heads": kv_heads,
-        "intermediate_size": mlp,
-        "max_position_embeddings": positions,
-        "tie_word_embeddings": tie,
-    }
-
-
-MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "~125M (llama, 768×12)": _preset("llama", 768, 12, 12, 12, 3072, 4096, True),
-    "~350M (llama, 1024×24)": _preset("llama", 1024, 24, 16, 16, 2816, 4096, True),
-    "Qwen2.5-0.5B shape": _preset("qwen2", 896, 24, 14, 2, 4864, 32768, True),
-    "Llama-3.2-1B shape": _preset("llama", 2048, 16, 32, 8, 8192, 8192, True),
-    "Llama-3.2-3B shape": _preset("llama", 3072, 28, 24, 8, 8192, 8192, True),
-    "Llama-2-7B shape": _preset("llama", 4096, 32, 32, 32, 11008, 4096, False),
-}
+# The model-size choice that keeps the config's own model (the others are `MODEL_PRESETS`).
 OWN_MODEL = "as configured"
 
 SEQ_LENS = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
-# One colour per breakdown part, stable when parts come and go (e.g. no optimizer state with SGD).
-BREAKDOWN_COLORS = {
-    "params": "#1f77b4",
-    "grads": "#ff7f0e",
-    "optimizer": "#2ca02c",
-    "activations": "#d62728",
-    "logits": "#9467bd",
-    "inputs": "#8c564b",
-    "gathered_params": "#e377c2",
-    "param_casts": "#7f7f7f",
-    "grad_accum_buffer": "#bcbd22",
-}
-
-
-def mesh_factorisations(num_devices: int) -> list[tuple[int, int, int]]:
-    """Every (data, fsdp, model) with data * fsdp * model == num_devices, pure data parallel first."""
-    if num_devices < 1:
-        raise ValueError(f"num_devices={num_devices!r} is not allowed: must be >= 1")
-    out = []
-    for data in range(num_devices, 0, -1):
-        if num_devices % data:
-            continue
-        rest = num_devices // data
-        for fsdp in range(rest, 0, -1):
-            if rest % fsdp == 0:
-                out.append((data, fsdp, rest // fsdp))
-    return out
 
 
 def _mesh_label(axes: tuple[int, int, int]) -> str:
@@ -160,48 +67,13 @@ def _literal_options(field: str) -> list[str]:
     return list(get_args(get_type_hints(TrainConfig)[field]))
 
 
-def resolve_target(target: str | Target | HardwareInfo) -> Target:
-    """A `Target` from a name in `TARGETS`, 'auto' (the detected hardware) or a `HardwareInfo`."""
-    if isinstance(target, Target):
-        return target
-    if isinstance(target, HardwareInfo):
-        return _target_from_hardware(target)
-    if target == "auto":
-        from workbench.backend.hardware import detect
-
-        return _target_from_hardware(detect())
-    if target not in TARGETS:
-        raise ValueError(f"target={target!r} is not allowed: expected 'auto' or one of {', '.join(TARGETS)}")
-    return TARGETS[target]
-
-
-def training_devices(hw: HardwareInfo) -> int:
-    """How many devices a `Trainer` spreads a run over on `hw`.
-
-    Only torch_xla SPMD applies a mesh: without XLA (CUDA, plain CPU) the trainer runs the
-    whole batch on one device however many there are (a Kaggle T4 x2 trains on one T4).
-    """
-    return hw.num_devices if hw.via_xla else 1
-
-
-def _target_from_hardware(hw: HardwareInfo) -> Target:
-    devices = training_devices(hw)
-    # Plain CPU has no device memory figure: the host's memory is what a CPU run can use.
-    mem = hw.memory_per_device_bytes
-    if mem is None and hw.backend == "cpu":
-        mem = hw.host_memory_bytes // max(1, devices)
-    name = f"detected {hw.chip}"
-    if devices != hw.num_devices:
-        name += f", 1 of {hw.num_devices} used (no XLA mesh)"
-    return Target(name, hw.chip, devices, mem)
-
-
 class ConfigPanel:
     """Tune a `WorkbenchConfig` with live memory and bucketing previews.
 
     Args:
         cfg: the starting config (defaults to `WorkbenchConfig()`).
-        target: 'auto' (the detected hardware), a name in `TARGETS`, or a `HardwareInfo`.
+        target: 'auto' (the detected hardware), a name in `TARGETS` (workbench.backend.targets),
+            a `Target` or a `HardwareInfo`.
         lengths: token lengths of the training data for the bucketing preview (a sequence of
             ints, or a `datasets.Dataset` with a 'length' column); None tokenises the config's
             data source with `workbench.data` (the tokenizer is cached on disk).
@@ -355,31 +227,8 @@ class ConfigPanel:
         self.error_html = ipw.HTML().add_class("wb-error")
         self.yaml_html = ipw.HTML().add_class("wb-yaml")
 
-        bars = go.Figure()
-        bars.update_layout(
-            barmode="stack",
-            height=260,
-            margin={"l": 60, "r": 20, "t": 40, "b": 30},
-            title={"text": "Memory per device (GiB)", "x": 0.01},
-            template="plotly_white",
-            legend={"orientation": "h", "y": -0.15},
-        )
-        self.memory_figure = go.FigureWidget(bars)
-
-        hist = go.Figure()
-        hist.add_trace(go.Histogram(x=[], nbinsx=60, name="sequences", marker={"color": "#1f77b4"}))
-        hist.update_layout(
-            height=260,
-            margin={"l": 60, "r": 20, "t": 40, "b": 40},
-            title={"text": "Token lengths and bucket boundaries", "x": 0.01},
-            xaxis_title="tokens",
-            yaxis_title="sequences",
-            template="plotly_white",
-            showlegend=False,
-        )
-        self.length_figure = go.FigureWidget(hist)
-        if self.lengths is not None:
-            self.length_figure.data[0].x = self.lengths.tolist()
+        self.memory_figure = new_memory_figure()
+        self.length_figure = new_length_figure(self.lengths)
 
     def _wire(self) -> None:
         for w in (
@@ -533,8 +382,8 @@ class ConfigPanel:
         except Exception as err:  # shown in the panel, never raised out of a widget observer
             # A ConfigError (or ValueError) message already says what to change; others need their type.
             self.error = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-            self.error_html.value = f"<span style='color:#d62728'>⚠ {html.escape(self.error)}</span>"
-            self.fits_html.value = "<span style='color:#7f7f7f'>? fix the setting above</span>"
+            self.error_html.value = error_readout(self.error)
+            self.fits_html.value = fits_readout(None, unknown="fix the setting above")
             self.redraw_ms.append(1000 * (time.perf_counter() - start))
             return
         self.error = None
@@ -547,87 +396,16 @@ class ConfigPanel:
     def _draw(
         self, cfg: WorkbenchConfig, limit: int | None, est: Any, largest: int | None, plan: Any
     ) -> None:
-        total = est.total_bytes
         fits = None if limit is None else est.fits(limit, headroom=self.headroom)
-        where = self.target.label
-        self.estimate_html.value = (
-            f"Estimated <b class='wb-estimate-value'>{format_bytes(total)}</b> per device"
-            + (f" of {limit / GiB:.1f} GiB on {html.escape(where)}" if limit else f" on {html.escape(where)}")
-        )
-        if fits is None:
-            self.fits_html.value = "<span style='color:#7f7f7f'>? device memory unknown</span>"
-        elif fits:
-            self.fits_html.value = "<span style='color:#2ca02c;font-weight:600'>✔ fits</span>"
-        else:
-            self.fits_html.value = "<span style='color:#d62728;font-weight:600'>✘ does not fit</span>"
-        if largest is None:
-            self.max_batch_html.value = "Largest batch: unknown (no memory figure)"
-        elif largest == 0:
-            self.max_batch_html.value = "Largest batch that fits: <b>none</b> (even batch 1 is too big)"
-        else:
-            self.max_batch_html.value = f"Largest batch that fits: <b>{largest}</b> (global)"
-        self.error_html.value = ""
-        self.yaml_html.value = (
-            f"<pre style='font-size:11px;line-height:1.2'>{html.escape(cfg.to_yaml())}</pre>"
-        )
-
-        names = [k for k, v in est.breakdown.items() if v]
-        with self.memory_figure.batch_update():
-            fig = self.memory_figure
-            # Reuse traces where possible: one bar per breakdown component.
-            if [t.name for t in fig.data] != names:
-                fig.data = []
-                for name in names:
-                    fig.add_bar(
-                        y=["estimate"],
-                        x=[0.0],
-                        name=name,
-                        orientation="h",
-                        marker={"color": BREAKDOWN_COLORS.get(name, "#17becf")},
-                    )
-            for trace, name in zip(fig.data, names):
-                trace.x = [est.breakdown[name] / GiB]
-            shapes = []
-            if limit:
-                shapes = [
-                    dict(type="line", x0=limit / GiB, x1=limit / GiB, yref="paper", y0=0, y1=1,
-                         line={"color": "#d62728", "width": 2}),
-                    dict(type="line", x0=limit * (1 - self.headroom) / GiB, x1=limit * (1 - self.headroom) / GiB,
-                         yref="paper", y0=0, y1=1, line={"color": "#d62728", "width": 1, "dash": "dot"}),
-                ]  # fmt: skip
-            fig.layout.shapes = shapes
-            top = max(total, limit or 0) / GiB * 1.08
-            fig.layout.xaxis.range = [0, top]
-            fig.layout.title.text = f"Memory per device: {format_bytes(total)}" + (
-                f" of {limit / GiB:.1f} GiB" if limit else ""
-            )
-
-        # The figures live inside a VBox: keep their synced state current for pages that attach late.
-        sync_state(self.memory_figure)
-        if plan is None:
-            self.buckets_html.value = html.escape(self._lengths_error or "")
-            return
-        self.buckets_html.value = (
-            f"Buckets <b>{', '.join(map(str, plan.boundaries))}</b> · padding efficiency "
-            f"<b class='wb-efficiency-value'>{100 * plan.efficiency:.1f}%</b> · {plan.num_shapes} compiled shapes"
-        )
-        with self.length_figure.batch_update():
-            self.length_figure.layout.shapes = [
-                dict(
-                    type="line",
-                    x0=b,
-                    x1=b,
-                    yref="paper",
-                    y0=0,
-                    y1=1,
-                    line={"color": "#d62728", "dash": "dash"},
-                )
-                for b in plan.boundaries
-            ]
-            self.length_figure.layout.title.text = (
-                f"Token lengths · {len(plan.boundaries)} buckets · efficiency {100 * plan.efficiency:.1f}%"
-            )
-        sync_state(self.length_figure)
+        self.estimate_html.value = estimate_readout(est.total_bytes, limit, self.target.label)
+        self.fits_html.value = fits_readout(fits)
+        self.max_batch_html.value = largest_batch_readout(largest)
+        self.error_html.value = error_readout(None)
+        self.yaml_html.value = yaml_readout(cfg.to_yaml())
+        draw_memory(self.memory_figure, est, limit, self.headroom)
+        self.buckets_html.value = bucket_readout(plan, self._lengths_error)
+        if plan is not None:
+            draw_bucket_plan(self.length_figure, plan)
 
     # ---- layout --------------------------------------------------------------------
     @property
@@ -716,12 +494,4 @@ def measure_redraw(panel: ConfigPanel, changes: Iterable[dict[str, Any]]) -> lis
     return out
 
 
-__all__ = [
-    "MODEL_PRESETS",
-    "TARGETS",
-    "ConfigPanel",
-    "Target",
-    "measure_redraw",
-    "mesh_factorisations",
-    "training_devices",
-]
+__all__ = ["OWN_MODEL", "SEQ_LENS", "ConfigPanel", "measure_redraw"]

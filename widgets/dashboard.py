@@ -1,9 +1,11 @@
 """Live training dashboard: one plotly `FigureWidget` with six panels fed by trainer callbacks.
 
 A `Dashboard` is a callback: pass it to ``Trainer(..., callbacks=[dashboard])`` and it receives
-the metrics dict (see the contract in ``workbench/profiling.py``) once per log interval. It
-keeps the full history on the Python side and pushes it to the figure in throttled, batched
-updates (one ``fig.batch_update()`` per flush, at most one flush per ``min_interval_s``), so a
+the metrics dict once per log interval: a `RunMetrics` (the contract in
+``workbench/analysis/metrics.py``; every key read here is one of its keys). A hand-written loop
+may feed `StepProfiler`'s `IntervalMetrics` instead: keys it lacks read as unknown. It keeps
+the full history on the Python side and pushes it to the figure in throttled, batched updates
+(one ``fig.batch_update()`` per flush, at most one flush per ``min_interval_s``), so a
 fast loop does not flood the browser with comm messages.
 
 The six panels: tokens/s, MFU, step time, loss (train and eval), compiles per interval with a
@@ -25,7 +27,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import ipywidgets as ipw
 import plotly.graph_objects as go
@@ -33,6 +35,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from widgets.figures import sync_state
+from workbench.analysis.metrics import RunMetrics
 from workbench.units import GiB
 
 # (panel title, row, col) in a 3 x 2 grid.
@@ -46,29 +49,30 @@ PANELS: dict[str, tuple[str, int, int]] = {
 }
 
 # trace name -> (panel, how to read its y value from a metrics dict, trace kwargs)
-_Getter = Callable[[Mapping[str, Any]], Any]
+_Getter = Callable[[RunMetrics], Any]
+_MemoryKey = Literal["device_memory_bytes", "device_memory_limit_bytes", "host_rss_bytes"]
 
 
-def _gib(key: str) -> _Getter:
-    def read(m: Mapping[str, Any]) -> float | None:
+def _gib(key: _MemoryKey) -> _Getter:
+    def read(m: RunMetrics) -> float | None:
         value = m.get(key)
         return None if value is None else value / GiB
 
     return read
 
 
-def _pct(m: Mapping[str, Any]) -> float | None:
+def _pct(m: RunMetrics) -> float | None:
     value = m.get("mfu")
     return None if value is None else 100.0 * value
 
 
-def _is_recompile(m: Mapping[str, Any]) -> bool:
+def _is_recompile(m: RunMetrics) -> bool:
     # `recompiled` says the run has compiled since warm-up; the marker goes on the intervals
     # that actually compiled something (the flag may stay set for the rest of the run).
     return bool(m.get("recompiled")) and bool(m.get("compiles"))
 
 
-def _recompile_y(m: Mapping[str, Any]) -> float | None:
+def _recompile_y(m: RunMetrics) -> int | None:
     return m.get("compiles") if _is_recompile(m) else None
 
 
@@ -128,7 +132,7 @@ class Dashboard:
         self.max_points = int(max_points)
         self.title = title
         self._clock = clock
-        self.history: list[dict[str, Any]] = []
+        self.history: list[RunMetrics] = []
         self.flush_count = 0
         self._last_flush: float | None = None
         self._pending = False
@@ -171,10 +175,10 @@ class Dashboard:
         raise KeyError(f"no trace named {name!r}; traces: {', '.join(_TRACES)}")
 
     # ---- callback ------------------------------------------------------------------
-    def __call__(self, metrics: Mapping[str, Any]) -> None:
+    def __call__(self, metrics: RunMetrics) -> None:
         if not isinstance(metrics, Mapping):
             raise TypeError(f"Dashboard expects a metrics dict, got {type(metrics).__name__}")
-        row = dict(metrics)
+        row = cast(RunMetrics, dict(metrics))  # a copy: the caller may reuse its dict
         if row.get("step") is None:
             row["step"] = self.history[-1]["step"] + 1 if self.history else 0
         self.history.append(row)
@@ -218,7 +222,7 @@ class Dashboard:
         self.flush_count += 1
 
     @staticmethod
-    def _warmup_compiles(rows: list[dict[str, Any]]) -> int:
+    def _warmup_compiles(rows: list[RunMetrics]) -> int:
         if not rows:
             return 0
         # The trainer says how many programs its own prewarm compiled. "total_compiles" counts the
@@ -230,7 +234,7 @@ class Dashboard:
         total, first = rows[0].get("total_compiles"), rows[0].get("compiles")
         return max(0, int(total) - int(first or 0)) if total is not None else 0
 
-    def _annotate_unknown_mfu(self, rows: list[dict[str, Any]]) -> None:
+    def _annotate_unknown_mfu(self, rows: list[RunMetrics]) -> None:
         # On a CPU the peak FLOP/s is unknown, so MFU is None: say so instead of an empty panel.
         unknown = bool(rows) and all(m.get("mfu") is None for m in rows)
         text = "MFU unknown on this hardware (no published peak FLOP/s)"

@@ -1,4 +1,4 @@
-"""The sharding map of a model on a device mesh, drawn from a `workbench.sharding.ShardingReport`.
+"""The sharding map of a model on a device mesh, drawn from a `workbench.parallel.plan.ShardingReport`.
 
 Three panels:
 
@@ -52,8 +52,11 @@ def _group_name(name: str) -> str:
     return re.sub(r"\.\d+\.", ".*.", name)
 
 
-def parameter_groups(report: Any) -> list[dict[str, Any]]:
-    """Entries folded over layer numbers: name, count, full bytes, bytes per device, split kind."""
+def parameter_group_rows(report: Any) -> list[dict[str, Any]]:
+    """Entries folded over layer numbers: name, count, full bytes, bytes per device, split kind.
+
+    One row per bar of the figure's group panel (not the optimizer's parameter groups).
+    """
     groups: OrderedDict[str, dict[str, Any]] = OrderedDict()
     for e in report.entries:
         key = (_group_name(e.name), split_kind(e.spec))
@@ -120,7 +123,7 @@ def mesh_figure(report: Any, *, parameter: str | None = None) -> go.Figure:
     fig.update_xaxes(title_text="model axis", dtick=1, row=1, col=1)
     fig.update_yaxes(title_text="data × fsdp", dtick=1, autorange="reversed", row=1, col=1)
 
-    groups = parameter_groups(report)
+    groups = parameter_group_rows(report)
     names = [f"{g['name']} ×{g['count']}" if g["count"] > 1 else g["name"] for g in groups]
     fig.add_trace(
         go.Bar(

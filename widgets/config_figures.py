@@ -1,0 +1,193 @@
+"""What the config panel shows: its two figures and its text readouts, drawn from an estimate and a plan.
+
+Drawing only, no controls and no computing: `ConfigPanel` (widgets.config_panel) composes the
+config and computes the memory estimate, the largest batch and the bucket plan; the functions
+here turn those into
+
+- the per-device memory bar: one stacked segment per breakdown part, with the device's memory
+  (solid line) and the headroom kept free (dotted line) marked (`new_memory_figure`,
+  `draw_memory`);
+- the token-length histogram with the planned bucket boundaries (`new_length_figure`,
+  `draw_bucket_plan`);
+- the HTML of the readouts: estimate, fits sign, largest batch, bucket efficiency, error, YAML
+  (the ``*_readout`` functions).
+
+Figures are edited in place in one batched update and their synced state refreshed
+(`widgets.figures.sync_state`), so a page that attaches late draws them too.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+
+from widgets.figures import sync_state
+from workbench.units import GiB, format_bytes
+
+# One colour per breakdown part, stable when parts come and go (e.g. no optimizer state with SGD).
+BREAKDOWN_COLORS = {
+    "params": "#1f77b4",
+    "grads": "#ff7f0e",
+    "optimizer": "#2ca02c",
+    "activations": "#d62728",
+    "logits": "#9467bd",
+    "inputs": "#8c564b",
+    "gathered_params": "#e377c2",
+    "param_casts": "#7f7f7f",
+    "grad_accum_buffer": "#bcbd22",
+}
+
+
+# ---- figures -----------------------------------------------------------------------
+def new_memory_figure() -> go.FigureWidget:
+    """An empty stacked bar for the memory per device (filled by `draw_memory`)."""
+    bars = go.Figure()
+    bars.update_layout(
+        barmode="stack",
+        height=260,
+        margin={"l": 60, "r": 20, "t": 40, "b": 30},
+        title={"text": "Memory per device (GiB)", "x": 0.01},
+        template="plotly_white",
+        legend={"orientation": "h", "y": -0.15},
+    )
+    return go.FigureWidget(bars)
+
+
+def new_length_figure(lengths: np.ndarray | None) -> go.FigureWidget:
+    """The histogram of `lengths` (empty when None); `draw_bucket_plan` marks the boundaries."""
+    hist = go.Figure()
+    hist.add_trace(go.Histogram(x=[], nbinsx=60, name="sequences", marker={"color": "#1f77b4"}))
+    hist.update_layout(
+        height=260,
+        margin={"l": 60, "r": 20, "t": 40, "b": 40},
+        title={"text": "Token lengths and bucket boundaries", "x": 0.01},
+        xaxis_title="tokens",
+        yaxis_title="sequences",
+        template="plotly_white",
+        showlegend=False,
+    )
+    fig = go.FigureWidget(hist)
+    if lengths is not None:
+        fig.data[0].x = lengths.tolist()
+    return fig
+
+
+def draw_memory(fig: go.FigureWidget, est: Any, limit: int | None, headroom: float) -> None:
+    """Draw the estimate's breakdown (a `MemoryEstimate`) against `limit` bytes per device."""
+    total = est.total_bytes
+    names = [k for k, v in est.breakdown.items() if v]
+    with fig.batch_update():
+        # Reuse traces where possible: one bar per breakdown component.
+        if [t.name for t in fig.data] != names:
+            fig.data = []
+            for name in names:
+                fig.add_bar(
+                    y=["estimate"],
+                    x=[0.0],
+                    name=name,
+                    orientation="h",
+                    marker={"color": BREAKDOWN_COLORS.get(name, "#17becf")},
+                )
+        for trace, name in zip(fig.data, names):
+            trace.x = [est.breakdown[name] / GiB]
+        shapes = []
+        if limit:
+            shapes = [
+                dict(type="line", x0=limit / GiB, x1=limit / GiB, yref="paper", y0=0, y1=1,
+                     line={"color": "#d62728", "width": 2}),
+                dict(type="line", x0=limit * (1 - headroom) / GiB, x1=limit * (1 - headroom) / GiB,
+                     yref="paper", y0=0, y1=1, line={"color": "#d62728", "width": 1, "dash": "dot"}),
+            ]  # fmt: skip
+        fig.layout.shapes = shapes
+        top = max(total, limit or 0) / GiB * 1.08
+        fig.layout.xaxis.range = [0, top]
+        fig.layout.title.text = f"Memory per device: {format_bytes(total)}" + (
+            f" of {limit / GiB:.1f} GiB" if limit else ""
+        )
+    # The figures live inside a VBox: keep their synced state current for pages that attach late.
+    sync_state(fig)
+
+
+def draw_bucket_plan(fig: go.FigureWidget, plan: Any) -> None:
+    """Mark a `BucketPlan`'s boundaries on the length histogram and title it with its efficiency."""
+    with fig.batch_update():
+        fig.layout.shapes = [
+            dict(
+                type="line",
+                x0=b,
+                x1=b,
+                yref="paper",
+                y0=0,
+                y1=1,
+                line={"color": "#d62728", "dash": "dash"},
+            )
+            for b in plan.boundaries
+        ]
+        fig.layout.title.text = (
+            f"Token lengths · {len(plan.boundaries)} buckets · efficiency {100 * plan.efficiency:.1f}%"
+        )
+    sync_state(fig)
+
+
+# ---- readouts (HTML) ---------------------------------------------------------------
+def estimate_readout(total: int, limit: int | None, where: str) -> str:
+    """'Estimated X per device of Y GiB on <target>'."""
+    return f"Estimated <b class='wb-estimate-value'>{format_bytes(total)}</b> per device" + (
+        f" of {limit / GiB:.1f} GiB on {html.escape(where)}" if limit else f" on {html.escape(where)}"
+    )
+
+
+def fits_readout(fits: bool | None, *, unknown: str = "device memory unknown") -> str:
+    """The fits / does-not-fit sign; `unknown` says why there is none when `fits` is None."""
+    if fits is None:
+        return f"<span style='color:#7f7f7f'>? {html.escape(unknown)}</span>"
+    if fits:
+        return "<span style='color:#2ca02c;font-weight:600'>✔ fits</span>"
+    return "<span style='color:#d62728;font-weight:600'>✘ does not fit</span>"
+
+
+def largest_batch_readout(largest: int | None) -> str:
+    """The largest global batch that fits (None: the target has no memory figure)."""
+    if largest is None:
+        return "Largest batch: unknown (no memory figure)"
+    if largest == 0:
+        return "Largest batch that fits: <b>none</b> (even batch 1 is too big)"
+    return f"Largest batch that fits: <b>{largest}</b> (global)"
+
+
+def bucket_readout(plan: Any, missing: str | None = None) -> str:
+    """The plan's boundaries, padding efficiency and shape count; `missing` says why there is no plan."""
+    if plan is None:
+        return html.escape(missing or "")
+    return (
+        f"Buckets <b>{', '.join(map(str, plan.boundaries))}</b> · padding efficiency "
+        f"<b class='wb-efficiency-value'>{100 * plan.efficiency:.1f}%</b> · {plan.num_shapes} compiled shapes"
+    )
+
+
+def error_readout(error: str | None) -> str:
+    """The error line: empty while the settings are valid."""
+    return "" if error is None else f"<span style='color:#d62728'>⚠ {html.escape(error)}</span>"
+
+
+def yaml_readout(text: str) -> str:
+    """The config's YAML, preformatted."""
+    return f"<pre style='font-size:11px;line-height:1.2'>{html.escape(text)}</pre>"
+
+
+__all__ = [
+    "BREAKDOWN_COLORS",
+    "bucket_readout",
+    "draw_bucket_plan",
+    "draw_memory",
+    "error_readout",
+    "estimate_readout",
+    "fits_readout",
+    "largest_batch_readout",
+    "new_length_figure",
+    "new_memory_figure",
+    "yaml_readout",
+]
