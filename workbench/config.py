@@ -23,18 +23,22 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
+from workbench.models.families import FAMILY_NAMES
+
 
 class ConfigError(ValueError):
     """A config value or key is not allowed; the message says which and why."""
 
 
-ModelFamily = Literal["llama", "qwen2", "mistral", "gemma", "gpt2"]
+ModelFamily = Literal[FAMILY_NAMES]  # type: ignore[valid-type]
+"""The allowed values of ``ModelConfig.family``: the names in `workbench.models.families.FAMILIES`
+(``typing.get_args(ModelFamily) == FAMILY_NAMES``)."""
 
 
 @dataclass
 class ModelConfig:
     family: ModelFamily = "llama"
-    """Architecture family in `transformers` used to build the model from this config."""
+    """Architecture family in `transformers` used to build the model from this config (see `workbench.models.families`)."""
     pretrained_path: str | None = None
     """Local directory for `from_pretrained(dir)`; when set, the size fields below are ignored."""
     hidden_size: int = 64

@@ -42,6 +42,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from workbench.models.families import FAMILIES, FAMILY_NAMES
+
 # sharding imports only `workbench.runtime` (no torch_xla at import time) and nothing imports
 # memory back, so the mesh sizes, the batch rule and the byte formatter come from one place
 from workbench.parallel.mesh import axis_sizes_of, batch_size_problem, data_parallel_size
@@ -73,7 +75,7 @@ class ModelShape:
     """The sizes of a decoder-only transformer that memory and FLOPs depend on."""
 
     family: str
-    """`transformers` model_type: llama, qwen2, mistral, gemma, gpt2."""
+    """`transformers` model_type: a name in `workbench.models.families.FAMILIES`."""
     hidden: int
     layers: int
     heads: int
@@ -89,6 +91,12 @@ class ModelShape:
     qkv_bias: bool = False
     gpt2_style: bool = False
     """LayerNorm with biases, biased linears, learned position embeddings."""
+    norms_per_layer: int = 2
+    """Norms on a block's residual path: 2, or 4 where the MLP is wrapped too (Gemma 2 and 3)."""
+    qk_norm: bool = False
+    """A norm over each head's query and key (Qwen3, Gemma 3)."""
+    fused_projections: bool = False
+    """One qkv_proj and one gate_up_proj instead of q/k/v and gate/up (Phi-3)."""
     attention: str = "eager"
     """How the model's attention runs: 'eager' materialises the T x T scores; 'flash' does not."""
     num_parameters_override: int | None = None
@@ -123,17 +131,25 @@ class ModelShape:
                     (p + "mlp.c_proj.bias", (H,)),
                 ]
                 continue
-            shapes += [
-                (p + "input_layernorm.weight", (H,)),
-                (p + "q_proj.weight", (hd, H)),
-                (p + "k_proj.weight", (kvd, H)),
-                (p + "v_proj.weight", (kvd, H)),
-                (p + "o_proj.weight", (H, hd)),
-                (p + "post_attention_layernorm.weight", (H,)),
-                (p + "gate_proj.weight", (inter, H)),
-                (p + "up_proj.weight", (inter, H)),
-                (p + "down_proj.weight", (H, inter)),
-            ]
+            shapes.append((p + "input_layernorm.weight", (H,)))
+            if self.fused_projections:
+                shapes.append((p + "qkv_proj.weight", (hd + 2 * kvd, H)))
+            else:
+                shapes += [
+                    (p + "q_proj.weight", (hd, H)),
+                    (p + "k_proj.weight", (kvd, H)),
+                    (p + "v_proj.weight", (kvd, H)),
+                ]
+            shapes.append((p + "o_proj.weight", (H, hd)))
+            if self.qk_norm:
+                shapes += [(p + "q_norm.weight", (self.head_dim,)), (p + "k_norm.weight", (self.head_dim,))]
+            shapes.append((p + "post_attention_layernorm.weight", (H,)))
+            shapes += [(p + f"extra_norm_{j}.weight", (H,)) for j in range(self.norms_per_layer - 2)]
+            if self.fused_projections:
+                shapes.append((p + "gate_up_proj.weight", (2 * inter, H)))
+            else:
+                shapes += [(p + "gate_proj.weight", (inter, H)), (p + "up_proj.weight", (inter, H))]
+            shapes.append((p + "down_proj.weight", (H, inter)))
             if self.qkv_bias:
                 shapes += [
                     (p + "q_proj.bias", (hd,)),
@@ -169,12 +185,12 @@ class ModelShape:
         return n
 
 
-_GATED_FAMILIES = {"llama", "qwen2", "mistral", "gemma", "gemma2", "gemma3_text", "qwen3", "phi3"}
-SUPPORTED_FAMILIES: tuple[str, ...] = ("llama", "qwen2", "mistral", "gemma", "gpt2")
-
-
 def model_shape(model_config: Any) -> ModelShape:
-    """The `ModelShape` of a `transformers` config, a model (``.config``), or a workbench `ModelConfig`."""
+    """The `ModelShape` of a `transformers` config, a model (``.config``), or a workbench `ModelConfig`.
+
+    The family (``config.model_type``) must be in `workbench.models.families.FAMILIES`, whose
+    entry says where the config keeps the sizes and how the family's blocks are laid out.
+    """
     real_params: int | None = None
     config = model_config
     if hasattr(model_config, "parameters") and hasattr(model_config, "config"):  # a model
@@ -194,53 +210,41 @@ def model_shape(model_config: Any) -> ModelShape:
             from workbench.models.build import hf_config
 
             config = hf_config(model_config)
-    family = getattr(config, "model_type", None)
-    if family == "gpt2":
-        hidden = int(config.n_embd)
-        heads = int(config.n_head)
-        inner = config.n_inner if config.n_inner is not None else 4 * hidden
-        return ModelShape(
-            family="gpt2",
-            hidden=hidden,
-            layers=int(config.n_layer),
-            heads=heads,
-            kv_heads=heads,
-            head_dim=hidden // heads,
-            intermediate=int(inner),
-            vocab=int(config.vocab_size),
-            max_positions=int(config.n_positions),
-            tied=bool(getattr(config, "tie_word_embeddings", True)),
-            gated_mlp=False,
-            gpt2_style=True,
-            attention=_attention_of(config),
-            num_parameters_override=real_params,
+    family_name = getattr(config, "model_type", None)
+    family = FAMILIES.get(family_name) if isinstance(family_name, str) else None
+    if family is None:
+        raise ValueError(
+            f"model_config of type {type(model_config).__name__} (model_type={family_name!r}) is not supported: "
+            f"expected a transformers config or model of the families {', '.join(FAMILY_NAMES)}, "
+            "or a workbench ModelConfig"
         )
-    if family in _GATED_FAMILIES:
-        hidden = int(config.hidden_size)
-        heads = int(config.num_attention_heads)
-        kv = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or hidden // heads
-        tied = bool(getattr(config, "tie_word_embeddings", family.startswith("gemma")))
-        return ModelShape(
-            family=family,
-            hidden=hidden,
-            layers=int(config.num_hidden_layers),
-            heads=heads,
-            kv_heads=int(kv),
-            head_dim=int(head_dim),
-            intermediate=int(config.intermediate_size),
-            vocab=int(config.vocab_size),
-            max_positions=int(getattr(config, "max_position_embeddings", 0) or 0),
-            tied=tied,
-            gated_mlp=True,
-            qkv_bias=family == "qwen2" or bool(getattr(config, "attention_bias", False)),
-            attention=_attention_of(config),
-            num_parameters_override=real_params,
-        )
-    raise ValueError(
-        f"model_config of type {type(model_config).__name__} (model_type={family!r}) is not supported: "
-        f"expected a transformers config or model of the families {', '.join(SUPPORTED_FAMILIES)}, "
-        "or a workbench ModelConfig"
+    fields = family.fields
+    hidden = int(getattr(config, fields.hidden_size))
+    heads = int(getattr(config, fields.num_heads))
+    kv = (getattr(config, fields.num_kv_heads, None) if fields.num_kv_heads else None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    inner = getattr(config, fields.intermediate_size, None)
+    if inner is None:  # GPT-2's n_inner=None means 4 x hidden
+        inner = 4 * hidden
+    return ModelShape(
+        family=family.name,
+        hidden=hidden,
+        layers=int(getattr(config, fields.num_layers)),
+        heads=heads,
+        kv_heads=int(kv),
+        head_dim=int(head_dim),
+        intermediate=int(inner),
+        vocab=int(config.vocab_size),
+        max_positions=int(getattr(config, fields.max_position_embeddings, 0) or 0),
+        tied=bool(getattr(config, "tie_word_embeddings", family.tied_default)),
+        gated_mlp=family.gated_mlp,
+        qkv_bias=family.qkv_bias or bool(getattr(config, "attention_bias", False)),
+        gpt2_style=family.gpt2_style,
+        norms_per_layer=family.norms_per_layer,
+        qk_norm=family.qk_norm,
+        fused_projections=family.fused_projections,
+        attention=_attention_of(config),
+        num_parameters_override=real_params,
     )
 
 
@@ -356,7 +360,7 @@ def activation_elements_per_token(
     """Elements saved per token for the backward pass: ``{"layer": one layer, "all_layers": all,
     "fp32_part": of those, the norm tensors HF keeps in fp32, "scores": attention probabilities}``."""
     H, inner, mp = shape.hidden, shape.heads * shape.head_dim, model_parallel
-    norms = 4 * H  # two norms, input + normalised output each
+    norms = 2 * shape.norms_per_layer * H  # each norm's input + normalised output
     qkvo = 4 * inner / mp
     scores = shape.heads * seq_len / mp if shape.attention == "eager" else 0.0
     mlp = (4 if shape.gated_mlp else 2) * shape.intermediate / mp

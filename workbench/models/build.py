@@ -1,57 +1,42 @@
 """[from models] Build `transformers` causal LMs from the workbench's `ModelConfig`, or load one from a local directory.
 
 No hub access: a model is either built from a config (random init, seeded) or loaded with
-``from_pretrained(dir)`` from a directory on disk. The families map onto their
-`transformers` config classes with the same size fields.
+``from_pretrained(dir)`` from a directory on disk. Each family's `transformers` config class
+and how the `ModelConfig` fields map onto it come from the registry in
+`workbench.models.families`.
+
+Importing this module imports neither torch nor transformers (the functions do).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from workbench.models.families import FAMILIES, FAMILY_NAMES
 
-from workbench.config import ModelConfig
+if TYPE_CHECKING:  # annotations only: workbench.config imports the families registry from this package
+    import torch
+
+    from workbench.config import ModelConfig
 
 
 def hf_config(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
     """The `transformers` config for `cfg` (dropout off, so losses compare across devices)."""
     import transformers as tf
 
-    vocab = vocab_size or cfg.vocab_size
-    common = dict(vocab_size=vocab, tie_word_embeddings=cfg.tie_word_embeddings)
-    if cfg.family == "gpt2":
-        return tf.GPT2Config(
-            n_embd=cfg.hidden_size,
-            n_layer=cfg.num_layers,
-            n_head=cfg.num_heads,
-            n_inner=cfg.intermediate_size,
-            n_positions=cfg.max_position_embeddings,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            **common,
+    family = FAMILIES.get(cfg.family)
+    if family is None:
+        raise ValueError(
+            f"model.family={cfg.family!r} is not allowed: expected one of "
+            + ", ".join(repr(name) for name in FAMILY_NAMES)
         )
-    classes = {
-        "llama": tf.LlamaConfig,
-        "qwen2": tf.Qwen2Config,
-        "mistral": tf.MistralConfig,
-        "gemma": tf.GemmaConfig,
-    }
-    extra: dict[str, Any] = {}
-    if cfg.family == "gemma":
-        extra["head_dim"] = cfg.hidden_size // cfg.num_heads
-    return classes[cfg.family](
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        attention_dropout=0.0,
-        **extra,
-        **common,
-    )
+    config_class = getattr(tf, family.config_class, None)
+    if config_class is None:
+        raise ValueError(
+            f"model.family={cfg.family!r} needs transformers.{family.config_class}, which "
+            f"transformers {tf.__version__} does not have: upgrade transformers"
+        )
+    return config_class(**family.config_kwargs(cfg, vocab_size))
 
 
 def build_model(
@@ -66,6 +51,7 @@ def build_model(
     `attn_implementation` defaults to "eager", the implementation that lowers cleanly on XLA
     and honours 4-D attention masks (used by packing).
     """
+    import torch
     import transformers as tf
 
     if cfg.pretrained_path:

@@ -17,9 +17,12 @@ Every torch_xla call goes through `workbench.runtime`. Importing this module sta
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+
+from workbench.models.families import FAMILIES
 
 if TYPE_CHECKING:  # imported for annotations only: no runtime cost, no cycles
     pass
@@ -55,7 +58,9 @@ def rule(pattern: str, spec: PartitionSpec | None, note: str = "", *, fsdp: bool
     return ShardingRule(pattern, spec, note, fsdp)
 
 
-# Llama, Mistral, Qwen2 and Gemma share module names in `transformers`. nn.Linear stores
+# Llama, Mistral, Qwen2/3 and Gemma 1/2/3 share module names in `transformers` (the extra norms
+# of Gemma 2/3 and Qwen3 end in `norm.weight` too). Which family uses which table is its entry
+# in `workbench.models.families` (`Family.sharding`, a key of RULE_TABLES). nn.Linear stores
 # weight as [out_features, in_features]: column-parallel shards dim 0, row-parallel dim 1.
 DECODER_RULES: tuple[ShardingRule, ...] = (
     rule(r"embed_tokens\.weight$", ("model", None), "vocab-parallel embedding"),
@@ -86,6 +91,15 @@ GPT2_RULES: tuple[ShardingRule, ...] = (
     rule(r"lm_head\.weight$", ("model", None), "vocab-parallel output"),
 )
 
+# Phi-3 fuses q|k|v into qkv_proj and gate|up into gate_up_proj (nn.Linear, so column-parallel
+# shards dim 0). As with GPT-2's c_attn, a model-axis shard can straddle the boundaries of the
+# fused parts; GSPMD reshards at the split. Everything else is named as in DECODER_RULES.
+PHI3_RULES: tuple[ShardingRule, ...] = (
+    rule(r"self_attn\.qkv_proj\.weight$", ("model", None), "column-parallel (fused q|k|v)"),
+    rule(r"mlp\.gate_up_proj\.weight$", ("model", None), "column-parallel (fused gate|up)"),
+    *DECODER_RULES,
+)
+
 FSDP_ONLY_RULES: tuple[ShardingRule, ...] = (
     rule(r"(norm|ln_\w+)\.(weight|bias)$", None, "norm: tiny, replicated"),
     rule(r"\.bias$", None, "bias: tiny, replicated"),
@@ -93,25 +107,26 @@ FSDP_ONLY_RULES: tuple[ShardingRule, ...] = (
 )
 """Family-agnostic rules: FSDP on every weight, no tensor parallelism (`model` must be 1)."""
 
-FAMILY_RULES: dict[str, tuple[ShardingRule, ...]] = {
-    "llama": DECODER_RULES,
-    "mistral": DECODER_RULES,
-    "qwen2": DECODER_RULES,
-    "gemma": DECODER_RULES,
-    "gpt2": GPT2_RULES,
-}
+RULE_TABLES: Mapping[str, tuple[ShardingRule, ...]] = MappingProxyType(
+    {"decoder": DECODER_RULES, "gpt2": GPT2_RULES, "phi3": PHI3_RULES}
+)
+"""The per-family tables by the name a `workbench.models.families.Family` gives as its `sharding`."""
 
 
 def rules_for(model_or_type: Any) -> tuple[ShardingRule, ...]:
-    """The rule table for a model (by ``config.model_type``) or a model-type string."""
+    """The rule table for a model (by ``config.model_type``) or a model-type string.
+
+    Which table a family uses is its registry entry's `sharding` (`workbench.models.families`).
+    """
     model_type = model_or_type if isinstance(model_or_type, str) else _model_type(model_or_type)
-    if model_type not in FAMILY_RULES:
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
         raise ShardingError(
             f"no sharding rules for model_type={model_type!r}: known families are "
-            f"{', '.join(sorted(FAMILY_RULES))}; pass rules=FSDP_ONLY_RULES for FSDP without tensor "
+            f"{', '.join(sorted(FAMILIES))}; pass rules=FSDP_ONLY_RULES for FSDP without tensor "
             "parallelism, or your own list of (pattern, spec) rules"
         )
-    return FAMILY_RULES[model_type]
+    return RULE_TABLES[family.sharding]
 
 
 def _model_type(model: Any) -> str | None:
