@@ -68,16 +68,16 @@ def _pad(rows: list[list[int]], length: int) -> dict[str, torch.Tensor]:
 
 def _grads_of_one_step(cfg: WorkbenchConfig, batches: list[dict]) -> list[torch.Tensor]:
     trainer = Trainer(cfg, train_dataset=token_dataset(16))
-    trainer._init_buffers()
+    trainer.engine.init_state()
     captured: list[torch.Tensor] = []
     real_step = trainer.optimizer.step
 
     def capture(*args, **kwargs):
-        captured.extend(p.grad.detach().clone() for p in trainer.params)
+        captured.extend(p.grad.detach().clone() for p in trainer.engine.params)
         return real_step(*args, **kwargs)
 
     trainer.optimizer.step = capture
-    trainer.train_step(batches)
+    trainer.engine.train_step(batches)
     return captured
 
 
@@ -165,7 +165,7 @@ def test_out_of_memory_retries_with_half_the_micro_batch_and_the_same_result():
 
     trainer.model.forward = forward
     result = trainer.fit()
-    assert trainer.split == 2 and trainer.micro_steps == 2
+    assert trainer.loop.split == 2 and trainer.engine.micro_steps == 2
     assert any("out of memory" in n and "same effective batch 4" in n for n in result.notices)
     for a, b in zip(reference.history, result.history):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
@@ -192,12 +192,13 @@ def test_dynamic_batch_never_grows_past_the_memory_estimate():
 
     from workbench.analysis.batch import max_batch_size
     from workbench.backend.hardware import detect
+    from workbench.train.ladder import batch_ladder
 
     cfg = tiny_cfg(**{"train.steps": 40, "train.batch_size": 2, "train.dynamic_batch_every": 2})
     trainer = Trainer(cfg, train_dataset=token_dataset(16))
     budget = 12 * 1024**2  # a pretend 12 MiB device
-    trainer.hw = dataclasses.replace(detect("cpu"), memory_per_device_bytes=budget)
-    ladder = trainer._plan_ladder()
+    hw = dataclasses.replace(detect("cpu"), memory_per_device_bytes=budget)
+    ladder = batch_ladder(trainer.model, cfg, hw, mesh=None, dp_size=1, notice=trainer.notices.append)
     cap = max_batch_size(
         trainer.model.config, seq_len=32, memory_bytes=budget, optimizer="adamw", precision="fp32"
     )

@@ -19,6 +19,7 @@ What the rest of the package may ask of the backend:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -233,6 +234,18 @@ def device_loader(loader: Iterable[Any], dev: Any, *, batch_sharding: Any = None
     if batch_sharding is not None:
         kwargs["input_sharding"] = batch_sharding
     return pl.MpDeviceLoader(loader, dev, **kwargs)
+
+
+def close_device_iterator(batches: Any) -> None:
+    """Stop the background threads behind an iterator of `device_loader` (a no-op for other iterators).
+
+    torch_xla's per-device iterator keeps its `ParallelLoader` in a private attribute; this is
+    the one place that knows it.
+    """
+    parallel = getattr(batches, "_loader", None)
+    if parallel is not None and hasattr(parallel, "close"):
+        with contextlib.suppress(Exception):
+            parallel.close()
 
 
 # ---- SPMD ----------------------------------------------------------------------------

@@ -1,53 +1,22 @@
-"""[from memory] Will it fit? Per-device memory of one training step, estimated before anything compiles.
+"""The out-of-memory policy: recognise a device OOM, halve the micro-batch, double accumulation, retry.
 
-`estimate` adds up, per device, what a training step holds at its peak: parameters,
-gradients, optimizer state, the activations saved for the backward pass (a per-layer
-formula for the family's attention and MLP, with and without materialised attention
-scores, with and without activation checkpointing), the logits and loss temporaries, and
-the batch itself. A mesh (`MeshSpec` sizes; nothing is built) divides parameters, gradients
-and optimizer state over ``fsdp x model`` and the batch over ``data x fsdp``.
-
-The activation formula counts the tensors autograd saves in the `transformers`
-implementations, per token of one layer (H hidden, h heads of size d, I MLP width, T length):
-
-    H                 the layer input (all that checkpointing keeps)
-    2H + 2H           each norm's input and normalised output (kept in fp32 by HF norms)
-    4hd               q, k and v after repeat_kv (GQA materialises k and v for every head),
-                      and the attention output that feeds o_proj
-    hT                the softmax probabilities, when attention is materialised ("eager");
-                      a flash/fused kernel keeps only a per-head log-sum-exp
-    4I (gated MLP)    gate, up, act(gate), act(gate)*up; 2I for a plain MLP (GPT-2)
-
-and the loss keeps 4 vocab-sized fp32 tensors per token (logits, log-softmax and the two
-gradients: HF upcasts logits to fp32 for the loss). With checkpointing a layer keeps only
-its input, and one layer at a time is recomputed in the backward pass.
-
-The estimate was checked against the XLA compiler's own memory analysis of the real
-training step on XLA:CPU (``bench/memory.py``, `compiled_step_memory`); the table and the
-rows that miss are in the issue note. Two things the compiler does that a formula cannot see:
-under FSDP it keeps the all-gathered weights alive between forward and backward (counted here
-as one full copy, ``gathered_params``), and on XLA:CPU checkpointing saves almost nothing:
-its optimizer pipeline removes the optimization barriers torch_xla's checkpoint inserts, and
-the compiled step keeps about as much as an unchecked one (also with CSE switched off). The
-estimate models checkpointing as it is meant to work, so checkpointed rows on XLA:CPU miss.
-
-Also here: the largest batch that fits (`max_batch_size`, `find_batch_size`, which can
-confirm with the compiled program's own figure), and a retry on out-of-memory that halves
-the micro-batch and doubles gradient accumulation (`run_with_oom_retry`).
+One rule serves every caller: a micro-batch can be halved while it is even and the half stays
+a multiple of the data-parallel size (so it still splits over the mesh) and at least the
+smallest allowed. The effective batch (micro-batch x accumulation) and so the math stay the
+same. `retry_on_oom` is the loop; the trainer uses it for warm-up and eager steps (restoring
+its state before each retry), `run_with_oom_retry` for a plain function of
+(micro_batch, grad_accum).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from workbench.analysis.estimate import check_positive
 
-# sharding imports only `workbench.runtime` (no torch_xla at import time) and nothing imports
-# memory back, so the mesh sizes, the batch rule and the byte formatter come from one place
-
-# ---- out-of-memory retry ----------------------------------------------------------------
+T = TypeVar("T")
 
 _OOM_MARKERS = (
     "resource_exhausted",
@@ -74,6 +43,26 @@ def is_oom_error(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def halved_micro_batch(micro_batch: int, *, multiple_of: int = 1, min_micro_batch: int = 1) -> int | None:
+    """The micro-batch after one out-of-memory retry, or None when it cannot be halved."""
+    half = micro_batch // 2
+    if micro_batch % 2 or half < min_micro_batch or half % multiple_of:
+        return None
+    return half
+
+
+def retry_on_oom(attempt: Callable[[], T], shrink: Callable[[BaseException], bool]) -> T:
+    """Call `attempt` until it returns. On an out-of-memory error call ``shrink(error)``, which
+    makes the next attempt smaller and returns False when nothing smaller is possible; then (and
+    for any other error) the error propagates unchanged."""
+    while True:
+        try:
+            return attempt()
+        except Exception as err:
+            if not is_oom_error(err) or not shrink(err):
+                raise
 
 
 @dataclass
@@ -113,25 +102,23 @@ def run_with_oom_retry(
     if micro_batch % multiple_of:
         raise ValueError(f"micro_batch={micro_batch} is not allowed: a multiple of multiple_of={multiple_of}")
     attempts: list[dict[str, Any]] = []
-    while True:
-        try:
-            value = fn(micro_batch, grad_accum)
-        except Exception as exc:
-            if not is_oom_error(exc):
-                raise
-            attempts.append(
-                {
-                    "micro_batch": micro_batch,
-                    "grad_accum": grad_accum,
-                    "error": f"{type(exc).__name__}: {exc}"[:300],
-                }
-            )
-            half = micro_batch // 2
-            if micro_batch % 2 or half < min_micro_batch or half % multiple_of:
-                raise
-            if on_retry is not None:
-                on_retry(half, grad_accum * 2, exc)
-            micro_batch, grad_accum = half, grad_accum * 2
-            continue
-        attempts.append({"micro_batch": micro_batch, "grad_accum": grad_accum, "error": None})
-        return RetryResult(value=value, micro_batch=micro_batch, grad_accum=grad_accum, attempts=attempts)
+    current = {"micro_batch": micro_batch, "grad_accum": grad_accum}
+
+    def attempt() -> Any:
+        return fn(current["micro_batch"], current["grad_accum"])
+
+    def shrink(err: BaseException) -> bool:
+        attempts.append({**current, "error": f"{type(err).__name__}: {err}"[:300]})
+        half = halved_micro_batch(
+            current["micro_batch"], multiple_of=multiple_of, min_micro_batch=min_micro_batch
+        )
+        if half is None:
+            return False
+        current.update(micro_batch=half, grad_accum=current["grad_accum"] * 2)
+        if on_retry is not None:
+            on_retry(current["micro_batch"], current["grad_accum"], err)
+        return True
+
+    value = retry_on_oom(attempt, shrink)
+    attempts.append({**current, "error": None})
+    return RetryResult(value=value, attempts=attempts, **current)

@@ -203,3 +203,45 @@ def warmup_cosine(
         )
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def restore_optimizer_scalars(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Put back non-tensor per-parameter state (e.g. a Python-number step) after in-place tensor copies."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for index, state in saved.get("state", {}).items():
+        live = optimizer.state[params[int(index)]]
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                live[key] = value
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Load optimizer state *into* the live state tensors (created by `init_optimizer_state`).
+
+    Copying in place keeps each tensor's device, dtype and SPMD sharding, so the step program
+    after a resume is the one compiled before (`optimizer.load_state_dict` would replace them
+    with fresh, unsharded tensors). Non-tensor state and group hyper-parameters are set directly.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    saved_state = saved.get("state", {})
+    saved_params = sum(len(g["params"]) for g in saved["param_groups"])
+    if len(params) != saved_params or len(optimizer.param_groups) != len(saved["param_groups"]):
+        raise ValueError(
+            f"the checkpoint's optimizer holds {saved_params} parameters in {len(saved['param_groups'])} "
+            f"groups; this model's holds {len(params)} in {len(optimizer.param_groups)}: "
+            "resume with the model and optimizer settings the checkpoint was written with"
+        )
+    with torch.no_grad():
+        for index, state in saved_state.items():
+            live = optimizer.state[params[int(index)]]
+            for key, value in state.items():
+                current = live.get(key)
+                if isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor):
+                    if value is not current:
+                        current.copy_(value.to(current.dtype))
+                else:
+                    live[key] = value
+    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
+        for key, value in saved_group.items():
+            if key != "params":
+                group[key] = tuple(value) if isinstance(group.get(key), tuple) else value

@@ -1,85 +1,62 @@
-"""[from train] The training loop: one loop, correct on XLA (TPU, XLA:CPU) and plain on CUDA and CPU.
+"""The `Trainer`: builds the run's components from the config and coordinates them, one step at a time.
 
-How a step runs (and why):
+What each component owns (and documents):
 
-- **Loss normalisation.** Each micro-batch contributes the *sum* of its token losses and its
-  count of real (label != -100) next-token positions. Gradients of the sums accumulate, and
-  before the optimizer step they are scaled by 1 / (real tokens in the whole optimizer step).
-  That is the mean over every real token of the effective batch: the same gradient as one
-  batch `grad_accum` times larger, however the tokens are spread over the micro-batches
-  (averaging per-micro-batch means instead would over-weight short micro-batches). The
-  count stays on the device, so nothing waits for the host.
-- **Syncs.** With one micro-batch per step, forward, backward and the optimizer update are
-  one XLA program per batch shape and one `runtime.sync()`. With accumulation each micro-batch
-  is its own program (per shape) and the update a separate one: unrolling the micro-batches
-  into one program would compile one program per *combination* of bucket shapes. Gradients
-  and the running sums then live in persistent buffers, zeroed inside the update program,
-  so every micro-step has the same inputs and compiles once per shape.
-- **No hidden syncs.** Loss, token counts and grad norm stay device tensors. Real-token counts
-  for throughput are taken on the host from the CPU batch as the loader produces it. At log
-  steps, after the step's `sync`, `StepProfiler` reads the loss and the loop the grad norm (two
-  device->host transfers per interval, none between). Gradient clipping is `clip_grad_norm_`
-  on the device. The progress bar and callbacks move only at log steps.
-- **Prewarm.** On XLA, before the first step, every (batch, length) shape the sampler can
-  emit (at every batch size dynamic growth will reach, and the eval split's shapes when
-  ``eval_every`` is set) goes through the real step on synthetic tokens; the model, optimizer,
-  scheduler and RNG are snapshotted to the host first and copied back *into* the live tensors
-  after (keeping their sharding), so training continues exactly as it would have without
-  prewarm. `TrainResult.compiles_after_warmup` counts what compiled after that (0 on a
-  bucketed run). Optimizer state is created up front and, under SPMD, sharded like its
-  parameter, so it cannot drift to another layout after a step or a checkpoint load.
-- **Precision.** 'bf16-mixed': fp32 weights, bf16 autocast (``torch.autocast("xla")`` on XLA,
-  CUDA autocast where the GPU has bf16, CPU autocast on plain CPU, which is correct but on
-  CPUs without native bf16 usually slower than fp32). On XLA:CPU bf16 is emulated. Losses and
-  the softmax of the loss are computed in fp32. 'bf16': bf16 weights, no autocast.
-- **Out of memory.** An OOM during warm-up (or any step on CUDA/CPU, where a failed step leaves
-  the weights intact) restores the pre-step state and splits every loaded batch into two
-  micro-batches (twice the accumulation): same effective batch, same data order, same math.
-- **Dynamic batch.** With ``dynamic_batch_every=N`` the loader's batch grows by
-  ``dynamic_batch_factor`` every N steps, up to the smallest of ``dynamic_batch_max``, the memory
-  estimate for the device, and the sizes prewarmed at the start (the ladder is planned and
-  compiled up front, so growth never compiles mid-run). After a growth the rest of the epoch
-  is re-drawn at the new size, skipping as many batches as cover the sequences already seen.
-- **Checkpoints.** `CheckpointManager` (atomic, verified): model, optimizer, scheduler, data
-  position (epoch, batch index; resuming skips consumed index lists without collating them),
-  batch size and split, RNG states and step. Under SPMD, sharded parts go through
-  torch.distributed.checkpoint and load in place. Resume is bitwise on plain CPU.
-- **Hardware.** ``device_type="auto"`` tries TPU, then CUDA, then XLA:CPU (when PJRT_DEVICE=CPU),
-  then CPU; a backend that is present but fails to start is reported in `Trainer.notices`
-  (and warned about) before the next one is tried.
+- `StepEngine` (``step.py``): the optimizer step on the device, token-mean accumulation,
+  clipping, precision, eval loss.
+- `HostStream` / `DeviceStream` (``stream.py``): batches to the device with their host-side
+  facts, resuming inside an epoch.
+- `LoopState` (``state.py``): step, tokens and data position, checkpointed as one object.
+- ``warmup.py``: compile every step program first, then restore the state exactly.
+- ``oom.py``: the out-of-memory policy (halve the micro-batch, same effective batch).
+- ``ladder.py``: the batch sizes dynamic batching grows through, planned up front.
+- `CheckpointManager` (``checkpoint.py``): atomic, verified checkpoints, sharded under SPMD.
+- `StepProfiler` (`workbench.analysis.profiler`): the metrics of each log interval, read
+  after the step's sync (loss and grad norm: two device->host transfers per interval, none
+  between), and advice.
+
+Hardware comes from `workbench.backend.hardware.detect` (``device_type="auto"`` falls back
+TPU -> CUDA -> XLA:CPU -> CPU, with notices for a backend that is present but cannot start).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
+from workbench.analysis.flops import training_flops_per_token
+from workbench.analysis.metrics import IntervalMetrics, RunMetrics
+from workbench.analysis.profiler import StepProfiler
 from workbench.backend import runtime
 from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
-from workbench.data.loader import prewarm, synthetic_batch
-from workbench.data.records import IGNORE_INDEX
+from workbench.data.records import build_datasets
 from workbench.models.build import build_model, enable_gradient_checkpointing
+from workbench.parallel.apply import batch_sharding, shard_model
+from workbench.parallel.mesh import mesh_from_config
+from workbench.train import warmup
 from workbench.train.checkpoint import CheckpointManager
 from workbench.train.distill import DistillationObjective, DistillSettings
-from workbench.train.objective import MODEL_INPUT_KEYS, CausalLMObjective, shift_for_next_token, token_ce_sum
-from workbench.train.optim import build_optimizer, init_optimizer_state, warmup_cosine
-from workbench.train.state_io import capture_rng, restore_rng
-from workbench.train.stream import BatchInfo, HostStream
+from workbench.train.ladder import batch_ladder
+from workbench.train.objective import CausalLMObjective
+from workbench.train.oom import retry_on_oom
+from workbench.train.optim import build_optimizer, warmup_cosine
+from workbench.train.state import LoopState, TrainingState
+from workbench.train.step import StepEngine
+from workbench.train.stream import DeviceStream, TrainingData
 
-Callback = Callable[[dict], None]
+Callback = Callable[[RunMetrics], None]
 
 
 @dataclass
 class TrainResult:
-    history: list[dict] = field(default_factory=list)
+    history: list[RunMetrics] = field(default_factory=list)
     """One metrics dict per log interval (the dict callbacks receive)."""
     final_loss: float | None = None
     """Training loss of the last logged step."""
@@ -99,23 +76,40 @@ class TrainResult:
     """What the trainer decided on its own (hardware fallback, OOM retries, batch growth)."""
 
 
-# ---- hardware ----------------------------------------------------------------------------------
+class ThroughputClock:
+    """Real tokens per second of training: from the end of the first step, less evals and saves."""
 
+    def __init__(self, xla: bool) -> None:
+        self.xla, self.start, self.tokens, self.paused_s = xla, None, 0, 0.0
 
-def _is_oom_error(exc: BaseException) -> bool:
-    from workbench.train.oom import is_oom_error
+    def step_done(self, tokens: int) -> None:
+        if self.start is None:
+            # XLA runs a step asynchronously after its sync: wait for the first one, once per run,
+            # or its tail would be billed to the timed steps.
+            if self.xla:
+                runtime.wait_device_ops()
+            self.start = time.perf_counter()
+        else:
+            self.tokens += tokens
 
-    return bool(is_oom_error(exc))
+    def paused(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` (an eval, a save) outside the timed window."""
+        start = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.paused_s += time.perf_counter() - start
 
-
-# ---- the trainer ---------------------------------------------------------------------------------
+    def tokens_per_s(self, end: float) -> float | None:
+        elapsed = end - self.start - self.paused_s if self.start is not None else 0.0
+        return self.tokens / elapsed if elapsed > 0 and self.tokens else None
 
 
 class Trainer:
     """Train `cfg.model` on `cfg.data` (or the given model/datasets) with `cfg.train`.
 
     `teacher`: a model sharing the student's tokenizer turns the run into knowledge
-    distillation (`workbench.distill`), weighted by ``cfg.train.distill_*``.
+    distillation (`workbench.train.distill`), weighted by ``cfg.train.distill_*``.
     `callbacks`: callables receiving the metrics dict every log interval, on the host.
     """
 
@@ -131,73 +125,56 @@ class Trainer:
         hardware: HardwareInfo | None = None,
         teacher: torch.nn.Module | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.notices: list[str] = []
-        self.callbacks = list(callbacks)
-        self.hw = hardware or detect(cfg.train.device_type)
-        self.notices.extend(self.hw.notices)
-        self._xla = self.hw.via_xla
-        self.mesh_spec, self.mesh = None, None
-        if self._xla and cfg.mesh.enabled:
-            from workbench.parallel.mesh import mesh_from_config
-
-            self.mesh_spec = mesh_from_config(cfg.mesh, self.hw)
-            self.mesh = self.mesh_spec.build() if self.mesh_spec is not None else None
+        train = cfg.train
+        self.cfg, self.callbacks = cfg, list(callbacks)
+        self.hw = hardware or detect(train.device_type)
+        self.notices: list[str] = list(self.hw.notices)
+        self.xla = self.hw.via_xla
+        self.mesh_spec = mesh_from_config(cfg.mesh, self.hw) if self.xla and cfg.mesh.enabled else None
+        self.mesh = self.mesh_spec.build() if self.mesh_spec is not None else None
         # asked for after the mesh: under SPMD this is the virtual device the whole mesh sits behind
-        self.device = runtime.device() if self._xla else torch.device(self.hw.backend)
+        self.device = runtime.device() if self.xla else torch.device(self.hw.backend)
         self.dp_size = self.mesh_spec.dp_size if self.mesh_spec is not None else 1
 
-        self.train_dataset, self.eval_dataset, self.tokenizer = train_dataset, eval_dataset, tokenizer
-        if self.train_dataset is None:
-            from workbench.data.records import build_datasets
-
-            self.train_dataset, built_eval, self.tokenizer = build_datasets(cfg, tokenizer)
-            if self.eval_dataset is None:
-                self.eval_dataset = built_eval
-        self.pad_token_id = _pad_id(self.tokenizer)
-
-        train = cfg.train
+        self.tokenizer = tokenizer
+        if train_dataset is None:
+            train_dataset, built_eval, self.tokenizer = build_datasets(cfg, tokenizer)
+            eval_dataset = built_eval if eval_dataset is None else eval_dataset
+        self.data = TrainingData(
+            cfg,
+            train_dataset,
+            eval_dataset,
+            pad_token_id=pad_token_id(self.tokenizer),
+            dp_size=self.dp_size,
+            device=self.device,
+            xla=self.xla,
+            batch_sharding=batch_sharding(self.mesh) if self.mesh is not None else None,
+        )
         if model is None:
             vocab = len(self.tokenizer) if self.tokenizer is not None else None
             model = build_model(cfg.model, vocab_size=vocab, seed=train.seed)
-        self.model = model
-        if train.precision == "bf16":
-            self.model.to(torch.bfloat16)
-        if getattr(self.model, "config", None) is not None:
-            self.model.config.use_cache = False
-        if train.gradient_checkpointing:
-            enable_gradient_checkpointing(self.model, xla=self._xla)
-        self.sharding_report = self._place(self.model)
-
+        self.model = prepare_model(model, train, xla=self.xla)
+        self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher = teacher
-        if teacher is not None:
-            settings = DistillSettings(
-                train.distill_alpha, train.distill_temperature, train.distill_hidden_weight
-            )
-            self.objective: torch.nn.Module = DistillationObjective(teacher, self.model, settings)
-            if train.precision == "bf16":
-                teacher.to(torch.bfloat16)
-            self._place(teacher)
-        else:
-            self.objective = CausalLMObjective()
-        self.objective.to(self.device)
-        if self.mesh is not None:
-            for p in self.objective.parameters():  # the distillation projection: small, replicated
-                runtime.mark_sharding(p, self.mesh, (None,) * p.dim())
-
+        self.objective = build_objective(self.model, teacher, train, mesh=self.mesh, device=self.device)
         self.optimizer = build_optimizer(self.model, train, extra_params=self.objective.parameters())
         self.scheduler = warmup_cosine(self.optimizer, train)
-        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
 
-        # Loop state (all of it goes into checkpoints).
-        self.step = 0
-        self.tokens_seen = 0
-        self.epoch, self.batch_in_epoch, self.sequences_in_epoch = 0, 0, 0
-        self.batch_size = train.batch_size
-        self.split = 1  # each loaded batch is split into this many micro-batches (OOM retry)
-        self.history: list[dict] = []
-        self.checkpoint_path: str | None = None
-        self.last_eval_loss: float | None = None
+        self.loop = LoopState(batch_size=train.batch_size)
+        self.engine = StepEngine(
+            self.model,
+            self.objective,
+            self.optimizer,
+            self.scheduler,
+            self.loop,
+            train,
+            device=self.device,
+            xla=self.xla,
+            sharded=self.mesh is not None,
+        )
+        self.training_state = TrainingState(
+            self.model, self.objective, self.optimizer, self.scheduler, self.loop, self.xla
+        )
         self.checkpoints = (
             CheckpointManager(
                 train.checkpoint_dir, keep=train.keep_checkpoints, sharded=self.mesh is not None
@@ -205,429 +182,104 @@ class Trainer:
             if train.checkpoint_dir
             else None
         )
-        self._stream: HostStream | None = None
-        self._device_iter: Iterator[dict] | None = None
-        self._compiles_at_warm = 0
+        self.history: list[RunMetrics] = []
+        self.checkpoint_path: str | None = None
+        self.last_eval_loss: float | None = None
+        self.ladder: list[int] = [train.batch_size]
         self._checkpointed_step: int | None = None
         """The step the last checkpoint saved or loaded holds (no need to save it again)."""
-        self._batch_ladder: list[int] = [train.batch_size]
-
-    # ---- setup helpers ----
-    def _place(self, module: torch.nn.Module) -> Any:
-        if self.mesh is not None:
-            from workbench.parallel.apply import shard_model
-
-            return shard_model(module, self.mesh)
-        module.to(self.device)
-        return None
-
-    @property
-    def micro_steps(self) -> int:
-        return self.cfg.train.grad_accum * self.split
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.cfg.train.precision != "bf16-mixed":
-            return contextlib.nullcontext()
-        if self._xla:
-            return torch.autocast("xla", dtype=torch.bfloat16)
-        if self.hw.backend == "cuda":
-            if not torch.cuda.is_bf16_supported():
-                return contextlib.nullcontext()  # told once in _check_precision
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-
-    def _loader_for(self, dataset: Any, batch_size: int, *, shuffle_seed: int) -> tuple[Any, Any]:
-        from workbench.data.loader import make_loader
-
-        cfg = (
-            self.cfg.with_overrides({"train.batch_size": batch_size})
-            if batch_size != self.cfg.train.batch_size
-            else self.cfg
-        )
-        return make_loader(
-            dataset, cfg, pad_token_id=self.pad_token_id, dp_size=self.dp_size, seed=shuffle_seed
-        )
-
-    def _open_stream(self) -> None:
-        """(Re)build the host loader at the current batch size and position, and its device loader."""
-        self._close_stream()
-        self.loader, self.sampler = self._loader_for(
-            self.train_dataset, self.batch_size, shuffle_seed=self.cfg.train.seed
-        )
-        self._stream = HostStream(self.loader, start_epoch=self.epoch, skip=self.batch_in_epoch)
-        if self._xla:
-            sharding = None
-            if self.mesh is not None:
-                from workbench.parallel.apply import batch_sharding
-
-                sharding = batch_sharding(self.mesh)
-            self._device_loader = runtime.device_loader(self._stream, self.device, batch_sharding=sharding)
-            self._device_iter = iter(self._device_loader)
-        else:
-            non_blocking = self.hw.backend == "cuda"
-            self._device_iter = (
-                {k: v.to(self.device, non_blocking=non_blocking) for k, v in b.items()} for b in self._stream
-            )
-
-    def _close_stream(self) -> None:
-        """Stop the device loader's background threads (they would otherwise prefetch forever)."""
-        parallel = getattr(
-            self._device_iter, "_loader", None
-        )  # torch_xla's PerDeviceLoader -> ParallelLoader
-        if parallel is not None and hasattr(parallel, "close"):
-            with contextlib.suppress(Exception):
-                parallel.close()
-        self._device_iter = None
-        self._device_loader = None
-
-    def _next_batch(self) -> tuple[dict, BatchInfo]:
-        assert self._device_iter is not None and self._stream is not None
-        batch = next(self._device_iter)
-        info = self._stream.infos.popleft()
-        return batch, info
-
-    # ---- the step ----
-    def _init_optimizer_state(self) -> None:
-        """Create the optimizer state now; under SPMD shard each tensor like its parameter."""
-        init_optimizer_state(self.optimizer)
-        if self.mesh is None:
-            return
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                for value in self.optimizer.state[p].values():
-                    unannotated = isinstance(value, torch.Tensor) and value.device.type == "xla"
-                    if unannotated and value.shape == p.shape and not runtime.sharding_spec(value):
-                        runtime.copy_sharding(p, value)
-
-    def _init_buffers(self) -> None:
-        """Optimizer state, gradient buffers and running sums exist before the first step (one program per shape)."""
-        self._init_optimizer_state()
-        with torch.no_grad():
-            self._loss_acc = torch.zeros((), dtype=torch.float32, device=self.device)
-            self._tokens_acc = torch.zeros((), dtype=torch.float32, device=self.device)
-            if self.micro_steps > 1:
-                for p in self.params:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-            else:
-                self.optimizer.zero_grad(set_to_none=True)
-        self._sync()
-
-    def _sync(self) -> None:
-        if self._xla:
-            runtime.sync()
-
-    def _micro_step(self, batch: dict[str, torch.Tensor]) -> None:
-        with self._autocast():
-            out = self.objective(self.model, batch)
-        out["loss_sum"].backward()
-        with torch.no_grad():
-            self._loss_acc.add_(out["loss_sum"].detach().float())
-            self._tokens_acc.add_(out["tokens"].float())
-
-    def _update(self) -> dict[str, torch.Tensor]:
-        """Scale accumulated gradients to the token mean, clip, step; returns device tensors to log."""
-        with torch.no_grad():
-            inv_tokens = 1.0 / self._tokens_acc.clamp(min=1.0)
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.mul_(inv_tokens.to(p.grad.dtype))
-        grad_norm = None
-        if self.cfg.train.max_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        with torch.no_grad():
-            loss = self._loss_acc * inv_tokens
-            self._loss_acc.zero_()
-            self._tokens_acc.zero_()
-        self.optimizer.zero_grad(set_to_none=self.micro_steps == 1)
-        out = {"loss": loss}
-        if grad_norm is not None:
-            out["grad_norm"] = grad_norm.detach()
-        return out
-
-    def _split_batch(self, batch: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        if self.split == 1:
-            return [batch]
-        rows = batch["input_ids"].shape[0]
-        if rows % self.split:
-            raise ValueError(
-                f"cannot split a batch of {rows} rows into {self.split} equal micro-batches after an "
-                "out-of-memory retry; use a batch size (or bucketing.tokens_per_batch) divisible by it"
-            )
-        size = rows // self.split
-        return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(self.split)]
-
-    def train_step(self, batches: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """One optimizer step over `batches` (already on the device), with the loop's syncs.
-
-        Public so tests and benchmarks can drive the exact step the loop runs.
-        """
-        self.model.train()
-        self.objective.train()
-        micro = [m for b in batches for m in self._split_batch(b)]
-        if len(micro) == 1:
-            self._micro_step(micro[0])
-        else:
-            for m in micro:
-                self._micro_step(m)
-                self._sync()
-        out = self._update()
-        return out
-
-    # ---- warm-up ----
-    def _snapshot(self) -> dict[str, Any]:
-        from workbench.train.state_io import flatten_state, host_tensors
-
-        state = {
-            "model": self.model.state_dict(),
-            "objective": self.objective.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-        }
-        structure, tensors = flatten_state(state)
-        host = host_tensors(tensors)
-        # Tensors already on the host (AdamW's step counters) come back as themselves: copy them,
-        # or the prewarm steps would advance the "snapshot" too.
-        host = {k: (v.clone() if tensors[k].device.type == "cpu" else v) for k, v in host.items()}
-        return {
-            "structure": structure,
-            "tensors": host,
-            "scheduler": self.scheduler.state_dict(),
-            "lrs": [g["lr"] for g in self.optimizer.param_groups],
-            "rng": capture_rng(self._xla),
-        }
-
-    def _restore(self, snap: dict[str, Any]) -> None:
-        """Copy the snapshot back *into* the live tensors (keeps their device placement and sharding)."""
-        from workbench.train.state_io import flatten_state, unflatten_state
-
-        live = {
-            "model": self.model.state_dict(),
-            "objective": self.objective.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-        }
-        _, live_tensors = flatten_state(live)
-        with torch.no_grad():
-            for key, value in snap["tensors"].items():
-                live_tensors[key].copy_(value)
-        saved = unflatten_state(snap["structure"], snap["tensors"])
-        _restore_optimizer_scalars(self.optimizer, saved["optimizer"])
-        self.scheduler.load_state_dict(snap["scheduler"])
-        for group, lr in zip(self.optimizer.param_groups, snap["lrs"]):
-            group["lr"] = lr
-        restore_rng(snap["rng"])
-        with torch.no_grad():
-            self._loss_acc.zero_()
-            self._tokens_acc.zero_()
-        self.optimizer.zero_grad(set_to_none=self.micro_steps == 1)
-        if self.micro_steps > 1:
-            with torch.no_grad():
-                for p in self.params:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-        self._sync()
-
-    def _plan_ladder(self) -> list[int]:
-        """Batch sizes the run will use: the start size, grown every N steps, within every cap."""
-        train = self.cfg.train
-        ladder = [train.batch_size]
-        if not train.dynamic_batch_every:
-            return ladder
-        growths = (train.steps - 1) // train.dynamic_batch_every
-        cap = train.dynamic_batch_max
-        memory_cap = self._memory_cap()
-        if memory_cap is not None:
-            cap = memory_cap if cap is None else min(cap, memory_cap)
-            if memory_cap < train.batch_size:
-                self._notice(
-                    f"dynamic batch: the memory estimate allows only {memory_cap} sequences; not growing"
-                )
-        for _ in range(growths):
-            nxt = round(ladder[-1] * train.dynamic_batch_factor)
-            nxt -= nxt % self.dp_size
-            if nxt <= ladder[-1] or (cap is not None and nxt > cap):
-                break
-            ladder.append(nxt)
-        return ladder
-
-    def _memory_cap(self) -> int | None:
-        limit = self.hw.memory_per_device_bytes
-        if limit is None:
-            return None
-        from workbench.analysis.batch import max_batch_size
-
-        kwargs: dict[str, Any] = {
-            "optimizer": self.cfg.train.optimizer,
-            "precision": self.cfg.train.precision,
-            "gradient_checkpointing": self.cfg.train.gradient_checkpointing,
-            "mesh": self.mesh_spec,
-        }
-        try:  # global batch, a multiple of the data-parallel size, at the longest sequence length
-            return int(
-                max_batch_size(
-                    self.model.config,
-                    seq_len=self.cfg.data.max_length,
-                    memory_bytes=limit,
-                    multiple_of=self.dp_size,
-                    **kwargs,
-                )
-            )
-        except Exception as err:  # an estimate that cannot be made must not stop training
-            self._notice(
-                f"dynamic batch: no memory estimate ({err}); growth is capped only by dynamic_batch_max"
-            )
-            return None
-
-    def _shapes_for(self, batch_size: int, dataset: Any = None) -> list[tuple[int, int]]:
-        """Every (batch, length) the loader for `dataset` (default: train) can emit at `batch_size`."""
-        dataset = self.train_dataset if dataset is None else dataset
-        loader, sampler = self._loader_for(dataset, batch_size, shuffle_seed=self.cfg.train.seed)
-        owner = sampler if sampler is not None else getattr(loader, "batch_sampler", None)
-        if owner is not None and hasattr(owner, "batch_shapes"):
-            return sorted({tuple(s) for s in owner.batch_shapes()})
-        return []
-
-    def _warm_up(self) -> int:
-        """Compile every step program before training (XLA only); returns programs compiled."""
-        before = runtime.compile_count() if self._xla else 0
-        if not (self._xla and self.cfg.train.prewarm):
-            return 0
-        self._batch_ladder = self._plan_ladder()
-        template, _ = self._next_batch()  # a real batch: which keys, dtypes and layout a batch has
-        self._open_stream()  # put it back: the real stream restarts at the same position
-        vocab = int(self.model.get_input_embeddings().weight.shape[0])
-        snapshot = self._snapshot()
-
-        def make_batch(shape: tuple[int, int]) -> dict[str, torch.Tensor]:
-            fake = synthetic_batch(shape, vocab_size=vocab, pad_token_id=self.pad_token_id, template=template)
-            return self._to_device_like_loader(fake)
-
-        def train_step(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return self.train_step([batch] * self.cfg.train.grad_accum)
-
-        while True:
-            try:
-                for batch_size in self._batch_ladder:
-                    shapes = self._shapes_for(batch_size) or [tuple(template["input_ids"].shape[:2])]
-                    prewarm(train_step, shapes, make_batch)
-                    if self.cfg.train.eval_every and self.eval_dataset is not None:
-                        # the eval split has its own bucket plan: compile its forward shapes too
-                        eval_shapes = self._shapes_for(batch_size, self.eval_dataset)
-                        prewarm(lambda batch: self._eval_over([batch]), eval_shapes, make_batch)
-                break
-            except Exception as err:
-                if not _is_oom_error(err) or not self._can_split():
-                    raise
-                self._restore(snapshot)
-                self._grow_split(err)
-        self._restore(snapshot)
-        return runtime.compile_count() - before
-
-    def _to_device_like_loader(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Move a host batch exactly as the device loader does (same sharding, so the same program)."""
-        sharding = None
-        if self.mesh is not None:
-            from workbench.parallel.apply import batch_sharding
-
-            sharding = batch_sharding(self.mesh)
-        return next(iter(runtime.device_loader([batch], self.device, batch_sharding=sharding)))
-
-    def _can_split(self) -> bool:
-        """Whether every loaded batch can be cut in two more pieces that still split over the mesh."""
-        pieces = self.split * 2
-        smallest = min(self._batch_ladder[0], self.batch_size)
-        return smallest % pieces == 0 and (smallest // pieces) % self.dp_size == 0
-
-    def _grow_split(self, err: BaseException) -> None:
-        self.split *= 2
-        self._notice(
-            f"out of memory ({str(err).splitlines()[0][:120]}); retrying with micro-batch "
-            f"{self.batch_size // self.split} x {self.micro_steps} accumulation (same effective batch {self.batch_size * self.cfg.train.grad_accum})"
-        )
-        with torch.no_grad():
-            for p in self.params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-        self._sync()
+        self._stream: DeviceStream | None = None
 
     def _notice(self, message: str) -> None:
         self.notices.append(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
-    # ---- eval ----
-    def _eval_batch(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        self.model.eval()
-        with torch.no_grad(), self._autocast():
-            inputs = {k: v for k, v in batch.items() if k in MODEL_INPUT_KEYS}
-            logits = self.model(**inputs, use_cache=False).logits
-            s, y = shift_for_next_token(logits, batch["labels"])
-            loss_sum = token_ce_sum(s, y)
-            tokens = (y != IGNORE_INDEX).sum().to(torch.float32)
-        self.model.train()
-        return loss_sum, tokens
+    # ---- data ----
+    def _open_stream(self) -> None:
+        """(Re)build the training stream at the current batch size and data position."""
+        self._close_stream()
+        loop = self.loop
+        self._stream = self.data.stream(loop.batch_size, epoch=loop.epoch, skip=loop.batch_in_epoch)
+        self.sampler = self._stream.host.sampler
 
-    def _eval_over(self, batches: Iterable[dict], max_batches: int | None = None) -> float:
-        """Mean loss over device batches: one program per shape (the running sums enter as device data)."""
-        total = torch.zeros((), dtype=torch.float32, device=self.device)
-        count = torch.zeros((), dtype=torch.float32, device=self.device)
-        self._sync()
-        for i, batch in enumerate(batches):
-            if max_batches is not None and i >= max_batches:
-                break
-            loss_sum, tokens = self._eval_batch(batch)
-            total = total + loss_sum
-            count = count + tokens
-            self._sync()
-        return float((total / count.clamp(min=1.0)).cpu())
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
+    # ---- warm-up and out of memory ----
+    def _warm_up(self) -> int:
+        """Compile every step program before training (XLA only); returns programs compiled."""
+        if not (self.xla and self.cfg.train.prewarm):
+            return 0
+        before = runtime.compile_count()
+        template, _ = self._stream.next()  # a real batch: which keys, dtypes and layout a batch has
+        self._open_stream()  # put it back: the stream restarts at the same position
+        snap = warmup.snapshot(self.engine)
+        evals = bool(self.cfg.train.eval_every) and self.data.eval_dataset is not None
+
+        def compile_all() -> None:
+            warmup.compile_step_programs(
+                self.engine,
+                self.data,
+                template,
+                batch_sizes=self.ladder,
+                grad_accum=self.cfg.train.grad_accum,
+                evals=evals,
+            )
+
+        def shrink(err: BaseException) -> bool:
+            warmup.restore(self.engine, snap)
+            return self._halve_micro_batches(err)
+
+        retry_on_oom(compile_all, shrink)
+        warmup.restore(self.engine, snap)
+        return runtime.compile_count() - before
+
+    def _halve_micro_batches(self, err: BaseException) -> bool:
+        """The out-of-memory policy: twice the micro-batches per batch, when they still split over the mesh."""
+        if not self.engine.can_halve_micro_batches({*self.ladder, self.loop.batch_size}, self.dp_size):
+            return False
+        self.engine.halve_micro_batches()
+        micro, accum = self.loop.batch_size // self.loop.split, self.engine.micro_steps
+        self._notice(
+            f"out of memory ({str(err).splitlines()[0][:120]}); retrying with micro-batch {micro} x "
+            f"{accum} accumulation (same effective batch {self.loop.batch_size * self.cfg.train.grad_accum})"
+        )
+        return True
+
+    def _run_step(self, batches: list[dict]) -> dict[str, torch.Tensor]:
+        if self.xla:  # a failed XLA step may have donated its buffers: only the warm-up retries
+            return self.engine.train_step(batches)
+        lrs = [g["lr"] for g in self.optimizer.param_groups]
+
+        def shrink(err: BaseException) -> bool:  # eager backends: a failed step leaves weights intact
+            self.engine.clear()
+            for group, lr in zip(self.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            if self.hw.backend == "cuda":
+                torch.cuda.empty_cache()
+            return self._halve_micro_batches(err)
+
+        return retry_on_oom(lambda: self.engine.train_step(batches), shrink)
+
+    # ---- eval and checkpoints ----
     def evaluate(self, max_batches: int | None = None) -> float:
         """Mean next-token loss over the eval set (one host read at the end)."""
-        if self.eval_dataset is None:
+        if self.data.eval_dataset is None:
             raise ValueError("no eval dataset: pass eval_dataset= or set data.eval_fraction > 0")
-        loader, _ = self._loader_for(self.eval_dataset, self.batch_size, shuffle_seed=self.cfg.train.seed)
-        if self._xla:
-            sharding = None
-            if self.mesh is not None:
-                from workbench.parallel.apply import batch_sharding
+        self.last_eval_loss = self.engine.eval_loss(self.data.eval_batches(self.loop.batch_size), max_batches)
+        return self.last_eval_loss
 
-                sharding = batch_sharding(self.mesh)
-            batches: Iterable[dict] = runtime.device_loader(loader, self.device, batch_sharding=sharding)
-        else:
-            batches = ({k: v.to(self.device) for k, v in b.items()} for b in loader)
-        value = self._eval_over(batches, max_batches)
-        self.last_eval_loss = value
-        return value
-
-    # ---- checkpoints ----
     def state(self) -> dict[str, Any]:
         """Everything a resume needs, as a nested dict for `CheckpointManager.save`."""
-        loop = {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "epoch": self.epoch,
-            "batch_in_epoch": self.batch_in_epoch,
-            "sequences_in_epoch": self.sequences_in_epoch,
-            "batch_size": self.batch_size,
-            "split": self.split,
-        }
-        state: dict[str, Any] = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "loop": loop,
-            "rng": capture_rng(self._xla),
-            "config": self.cfg.to_dict(),
-        }
-        if any(True for _ in self.objective.parameters()):
-            state["objective"] = self.objective.state_dict()
-        return state
+        return self.training_state.state_dict(self.cfg.to_dict())
 
     def save_checkpoint(self) -> Path:
         if self.checkpoints is None:
             raise ValueError("train.checkpoint_dir is not set")
-        path = self.checkpoints.save(self.step, self.state())
-        self.checkpoint_path, self._checkpointed_step = str(path), self.step
+        path = self.checkpoints.save(self.loop.step, self.state())
+        self.checkpoint_path, self._checkpointed_step = str(path), self.loop.step
         return path
 
     def load_checkpoint(self, path: str | Path | None = None) -> Path:
@@ -637,258 +289,190 @@ class Trainer:
         path = Path(path) if path is not None else self.checkpoints.latest()
         if path is None:
             raise ValueError(f"no checkpoint under {self.cfg.train.checkpoint_dir!r}")
-        self._init_optimizer_state()  # so sharded loads have (sharded) destinations
-        into = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if any(True for _ in self.objective.parameters()):
-            into["objective"] = self.objective.state_dict()
-        state = self.checkpoints.load(path, into=into)
-        with torch.no_grad():
-            if state["model"] is not into["model"]:
-                self.model.load_state_dict(state["model"])
-            if "objective" in state:
-                self.objective.load_state_dict(state["objective"])
-        _load_optimizer(self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
-            group["lr"] = lr
-        loop = state["loop"]
-        self.step, self.tokens_seen = int(loop["step"]), int(loop["tokens_seen"])
-        self.epoch, self.batch_in_epoch = int(loop["epoch"]), int(loop["batch_in_epoch"])
-        self.sequences_in_epoch = int(loop["sequences_in_epoch"])
-        self.batch_size, self.split = int(loop["batch_size"]), int(loop["split"])
-        restore_rng(state["rng"])
-        self.checkpoint_path, self._checkpointed_step = str(path), self.step
-        self._notice(f"resumed from {path} at step {self.step}")
+        self.engine.init_optimizer_state()  # so sharded loads have (sharded) destinations
+        self.training_state.load(self.checkpoints, path)
+        self.checkpoint_path, self._checkpointed_step = str(path), self.loop.step
+        self._notice(f"resumed from {path} at step {self.loop.step}")
         return path
 
     # ---- the loop ----
     def fit(self) -> TrainResult:
+        """Resume if asked, warm up, then train until `train.steps` optimizer steps are done."""
         train = self.cfg.train
-        self._check_precision()
-        if self.checkpoints is not None and train.resume and self.checkpoints.latest() is not None:
-            self.load_checkpoint()
-        self._init_buffers()
-        self._open_stream()
-        warm = self._warm_up()
-        self._compiles_at_warm = runtime.compile_count() if self._xla else 0
-
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=train.steps, initial=self.step, disable=not train.progress_bar, desc="train", leave=False
-        )
-        profiler = self._make_profiler(prewarmed=warm > 0)
-        timed_tokens, timed_start = 0, None
-        paused_s = 0.0  # in-loop evals and checkpoint saves: not training time
-        try:
-            while self.step < train.steps:
-                self._maybe_grow_batch()
-                batches, tokens = [], 0
-                wait_start = time.perf_counter()
-                for _ in range(train.grad_accum):
-                    batch, info = self._next_batch()
-                    batches.append(batch)
-                    tokens += info.tokens
-                    self.epoch, self.batch_in_epoch = info.epoch, info.index + 1
-                    first_of_epoch = info.index == 0
-                    self.sequences_in_epoch = info.sequences + (
-                        0 if first_of_epoch else self.sequences_in_epoch
-                    )
-                input_wait = time.perf_counter() - wait_start
-                lr = self.scheduler.get_last_lr()[0]  # the rate this step applies
-                out = self._run_step(batches)
-                self.step += 1
-                self.tokens_seen += tokens
-                self._sync()
-                if timed_start is None:
-                    # The clock starts once the first step has finished (it fills the input pipeline).
-                    # XLA runs a step asynchronously after its sync, so wait for it, once per run:
-                    # otherwise its tail would be billed to the timed steps.
-                    if self._xla:
-                        runtime.wait_device_ops()
-                    timed_start = time.perf_counter()
-                else:
-                    timed_tokens += tokens
-                eval_loss = None
-                if train.eval_every and self.step % train.eval_every == 0 and self.eval_dataset is not None:
-                    pause = time.perf_counter()
-                    eval_loss = self.evaluate()
-                    paused_s += time.perf_counter() - pause
-                is_log = self.step % train.log_every == 0 or self.step == train.steps
-                # The profiler reads the loss (and the grad norm) only at log steps, after the
-                # step's sync; between them nothing leaves the device.
-                metrics = profiler.step(
-                    tokens,
-                    loss=out["loss"] if is_log else None,
-                    lr=lr,
-                    input_wait_s=input_wait,
-                    eval_loss=eval_loss,
-                    log=is_log,
-                    extras={"grad_norm": out.get("grad_norm")},
-                )
-                if metrics is not None:
-                    metrics["step"] = self.step  # the optimizer step, also across resumes
-                    metrics["tokens_seen"] = self.tokens_seen
-                    metrics["warmup_compiles"] = warm
-                    metrics["batch_size"] = self.batch_size
-                    metrics["micro_batch"] = self.batch_size // self.split
-                    metrics["grad_accum"] = self.micro_steps
-                    self.history.append(metrics)
-                    for cb in self.callbacks:
-                        cb(metrics)
-                    bar.update(self.step - bar.n)
-                    if metrics["loss"] is not None:
-                        bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
-                if (
-                    self.checkpoints is not None
-                    and train.checkpoint_every
-                    and self.step % train.checkpoint_every == 0
-                ):
-                    pause = time.perf_counter()
-                    self.save_checkpoint()
-                    paused_s += time.perf_counter() - pause
-                    if is_log:  # keep the save's time and host copies out of the next interval's figures
-                        profiler.reset_clock()
-        finally:
-            bar.close()
-            self._close_stream()
-        if self._xla:
-            runtime.wait_device_ops()
-        end = time.perf_counter()
-        if self.checkpoints is not None and self._checkpointed_step != self.step:
-            self.save_checkpoint()  # the final state, unless the loop (or a resume) has this step already
-        elapsed = end - timed_start - paused_s if timed_start is not None else 0.0
-        after = (runtime.compile_count() - self._compiles_at_warm) if self._xla else 0
-        self.profiler = profiler
-        return TrainResult(
-            history=self.history,
-            final_loss=self.history[-1]["loss"] if self.history else None,
-            tokens_per_s=(timed_tokens / elapsed) if elapsed > 0 and timed_tokens else None,
-            compiles_after_warmup=after,
-            checkpoint_path=self.checkpoint_path,
-            eval_loss=self.last_eval_loss,
-            steps=self.step,
-            warmup_compiles=warm,
-            notices=list(self.notices),
-        )
-
-    def _run_step(self, batches: list[dict]) -> dict[str, torch.Tensor]:
-        if self._xla:
-            return self.train_step(batches)
-        while True:  # eager backends: a failed step leaves weights intact, so it can be retried
-            snapshot_lr = [g["lr"] for g in self.optimizer.param_groups]
-            try:
-                return self.train_step(batches)
-            except Exception as err:
-                if not _is_oom_error(err) or not self._can_split():
-                    raise
-                self.optimizer.zero_grad(set_to_none=True)
-                with torch.no_grad():
-                    self._loss_acc.zero_()
-                    self._tokens_acc.zero_()
-                for group, lr in zip(self.optimizer.param_groups, snapshot_lr):
-                    group["lr"] = lr
-                if self.hw.backend == "cuda":
-                    torch.cuda.empty_cache()
-                self._grow_split(err)
-
-    def _maybe_grow_batch(self) -> None:
-        every = self.cfg.train.dynamic_batch_every
-        if not every or self.step == 0 or self.step % every:
-            return
-        ladder = self._batch_ladder if len(self._batch_ladder) > 1 else self._plan_ladder()
-        bigger = [b for b in ladder if b > self.batch_size]
-        if not bigger:
-            return
-        old, new = self.batch_size, bigger[0]
-        self.batch_size = new
-        # the same epoch continues at the new size, past the sequences already seen
-        self.batch_in_epoch = self.sequences_in_epoch // new
-        self._open_stream()
-        self._notice(f"dynamic batch: step {self.step}: batch {old} -> {new}")
-
-    def _check_precision(self) -> None:
         if (
-            self.cfg.train.precision == "bf16-mixed"
+            train.precision == "bf16-mixed"
             and self.hw.backend == "cuda"
             and not torch.cuda.is_bf16_supported()
         ):
             self._notice("precision bf16-mixed: this GPU has no bf16; running fp32")
-
-    def _make_profiler(self, *, prewarmed: bool) -> Any:
-        from workbench.analysis.flops import training_flops_per_token
-        from workbench.analysis.profiler import StepProfiler
-
-        try:  # MFU at the longest padded length: an upper bound on the attention FLOPs
-            flops = training_flops_per_token(self.model.config, self.cfg.data.max_length)
-        except Exception:  # a model the FLOP counter does not know: no MFU, training goes on
-            flops = None
-        # MFU against the devices this run drives: the mesh's, else one (an XLA run without a
-        # mesh, one GPU, the CPU), not every chip the host has (a v5e-8 without a mesh uses one).
-        peak = self.hw.peak_bf16_flops_per_device
-        devices = self.mesh_spec.num_devices if self.mesh_spec is not None else 1
-        return StepProfiler(
-            self.hw,
-            flops_per_token=flops,
-            peak_flops=peak * devices if peak else None,
-            log_every=self.cfg.train.log_every,
-            # after a prewarm every compile is a recompilation; without one, the first steps compile
-            warmup_steps=0 if prewarmed else 3,
+        if self.checkpoints is not None and train.resume and self.checkpoints.latest() is not None:
+            self.load_checkpoint()
+        self.engine.init_state()
+        self._open_stream()
+        self.ladder = batch_ladder(
+            self.model, self.cfg, self.hw, mesh=self.mesh_spec, dp_size=self.dp_size, notice=self._notice
+        )
+        warm = self._warm_up()
+        compiles_before = runtime.compile_count() if self.xla else 0
+        self.profiler = make_profiler(self, prewarmed=warm > 0)
+        clock, bar = ThroughputClock(self.xla), _progress_bar(train, initial=self.loop.step)
+        try:
+            while self.loop.step < train.steps:
+                self._step(clock, bar, warm)
+        finally:
+            bar.close()
+            self._close_stream()
+        if self.xla:
+            runtime.wait_device_ops()
+        end = time.perf_counter()
+        if self.checkpoints is not None and self._checkpointed_step != self.loop.step:
+            self.save_checkpoint()  # the final state, unless the loop (or a resume) has this step already
+        return TrainResult(
+            history=self.history,
+            final_loss=self.history[-1]["loss"] if self.history else None,
+            tokens_per_s=clock.tokens_per_s(end),
+            compiles_after_warmup=(runtime.compile_count() - compiles_before) if self.xla else 0,
+            checkpoint_path=self.checkpoint_path,
+            eval_loss=self.last_eval_loss,
+            steps=self.loop.step,
+            warmup_compiles=warm,
+            notices=list(self.notices),
         )
 
+    def _step(self, clock: ThroughputClock, bar: Any, warm: int) -> None:
+        """One optimizer step: take its batches, run it, count it; then eval, log and save when due."""
+        train, loop = self.cfg.train, self.loop
+        self._maybe_grow_batch()
+        wait_start = time.perf_counter()
+        batches, infos = zip(*(self._stream.next() for _ in range(train.grad_accum)))
+        input_wait = time.perf_counter() - wait_start
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step applies
+        out = self._run_step(list(batches))
+        tokens = loop.step_done(infos)
+        self.engine.sync()
+        clock.step_done(tokens)
+        evaluating = self._due(train.eval_every) and self.data.eval_dataset is not None
+        eval_loss = clock.paused(self.evaluate) if evaluating else None
+        is_log = self._due(train.log_every) or loop.step == train.steps
+        # the profiler reads the loss and grad norm only at log steps, after the step's sync
+        metrics = self.profiler.step(
+            tokens,
+            loss=out["loss"] if is_log else None,
+            lr=lr,
+            input_wait_s=input_wait,
+            eval_loss=eval_loss,
+            log=is_log,
+            grad_norm=out.get("grad_norm"),
+        )
+        if metrics is not None:
+            self._report(metrics, warm, bar)
+        if self.checkpoints is not None and self._due(train.checkpoint_every):
+            clock.paused(self.save_checkpoint)
+            if is_log:  # keep the save's time and host copies out of the next interval's figures
+                self.profiler.reset_clock()
 
-# ---- helpers -------------------------------------------------------------------------------------
+    def _due(self, every: int | None) -> bool:
+        return bool(every) and self.loop.step % every == 0
+
+    def _report(self, interval: IntervalMetrics, warm: int, bar: Any) -> None:
+        # completed in place, so the profiler's history holds the run's step numbers too
+        metrics = cast(RunMetrics, interval)
+        metrics.update(
+            step=self.loop.step,  # the optimizer step, also across resumes
+            tokens_seen=self.loop.tokens_seen,
+            warmup_compiles=warm,
+            batch_size=self.loop.batch_size,
+            micro_batch=self.loop.batch_size // self.loop.split,
+            grad_accum=self.engine.micro_steps,
+        )
+        self.history.append(metrics)
+        for callback in self.callbacks:
+            callback(metrics)
+        bar.update(self.loop.step - bar.n)
+        if metrics["loss"] is not None:
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
+
+    def _maybe_grow_batch(self) -> None:
+        every, loop = self.cfg.train.dynamic_batch_every, self.loop
+        if not every or loop.step == 0 or loop.step % every:
+            return
+        bigger = [b for b in self.ladder if b > loop.batch_size]
+        if not bigger:
+            return
+        old = loop.batch_size
+        loop.resize_batch(bigger[0])
+        self._open_stream()
+        self._notice(f"dynamic batch: step {loop.step}: batch {old} -> {loop.batch_size}")
 
 
-def _pad_id(tokenizer: Any) -> int:
-    if tokenizer is None:
-        return 0
+def prepare_model(model: torch.nn.Module, train: Any, *, xla: bool) -> torch.nn.Module:
+    """Precision, no KV cache (training never decodes), gradient checkpointing: as `train` says."""
+    if train.precision == "bf16":
+        model.to(torch.bfloat16)
+    if getattr(model, "config", None) is not None:
+        model.config.use_cache = False
+    if train.gradient_checkpointing:
+        enable_gradient_checkpointing(model, xla=xla)
+    return model
+
+
+def place(module: torch.nn.Module, mesh: Any, device: Any) -> Any:
+    """Shard `module` over the mesh (returns the sharding report), or move it to the device."""
+    if mesh is not None:
+        return shard_model(module, mesh)
+    module.to(device)
+    return None
+
+
+def build_objective(
+    model: torch.nn.Module, teacher: torch.nn.Module | None, train: Any, *, mesh: Any, device: Any
+) -> torch.nn.Module:
+    """Next-token cross-entropy, or distillation from `teacher` when one is given."""
+    if teacher is None:
+        return CausalLMObjective().to(device)
+    settings = DistillSettings(train.distill_alpha, train.distill_temperature, train.distill_hidden_weight)
+    objective = DistillationObjective(teacher, model, settings)
+    if train.precision == "bf16":
+        teacher.to(torch.bfloat16)
+    place(teacher, mesh, device)
+    objective.to(device)
+    if mesh is not None:
+        for p in objective.parameters():  # the distillation projection: small, replicated
+            runtime.mark_sharding(p, mesh, (None,) * p.dim())
+    return objective
+
+
+def make_profiler(trainer: Trainer, *, prewarmed: bool) -> StepProfiler:
+    """The step profiler for this run: MFU against the peak of the devices the run drives."""
+    try:  # MFU at the longest padded length: an upper bound on the attention FLOPs
+        flops = training_flops_per_token(trainer.model.config, trainer.cfg.data.max_length)
+    except Exception:  # a model the FLOP counter does not know: no MFU, training goes on
+        flops = None
+    # the mesh's devices, else one (a v5e-8 run without a mesh uses one chip)
+    peak = trainer.hw.peak_bf16_flops_per_device
+    devices = trainer.mesh_spec.num_devices if trainer.mesh_spec is not None else 1
+    return StepProfiler(
+        trainer.hw,
+        flops_per_token=flops,
+        peak_flops=peak * devices if peak else None,
+        log_every=trainer.cfg.train.log_every,
+        # after a prewarm every compile is a recompilation; without one, the first steps compile
+        warmup_steps=0 if prewarmed else 3,
+    )
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The tokenizer's pad id, else its end-of-sequence id, else 0."""
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
         pad = getattr(tokenizer, "eos_token_id", None)
     return int(pad) if pad is not None else 0
 
 
-def _restore_optimizer_scalars(optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """Put back non-tensor per-parameter state (e.g. a Python-number step) after in-place tensor copies."""
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for index, state in saved.get("state", {}).items():
-        live = optimizer.state[params[int(index)]]
-        for key, value in state.items():
-            if not isinstance(value, torch.Tensor):
-                live[key] = value
+def _progress_bar(train: Any, *, initial: int) -> Any:
+    from tqdm.auto import tqdm
 
-
-def _load_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """Load optimizer state *into* the live state tensors (created by `init_optimizer_state`).
-
-    Copying in place keeps each tensor's device, dtype and SPMD sharding, so the step program
-    after a resume is the one compiled before (`optimizer.load_state_dict` would replace them
-    with fresh, unsharded tensors). Non-tensor state and group hyper-parameters are set directly.
-    """
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    saved_state = saved.get("state", {})
-    saved_params = sum(len(g["params"]) for g in saved["param_groups"])
-    if len(params) != saved_params or len(optimizer.param_groups) != len(saved["param_groups"]):
-        raise ValueError(
-            f"the checkpoint's optimizer holds {saved_params} parameters in {len(saved['param_groups'])} "
-            f"groups; this model's holds {len(params)} in {len(optimizer.param_groups)}: "
-            "resume with the model and optimizer settings the checkpoint was written with"
-        )
-    with torch.no_grad():
-        for index, state in saved_state.items():
-            live = optimizer.state[params[int(index)]]
-            for key, value in state.items():
-                current = live.get(key)
-                if isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor):
-                    if value is not current:
-                        current.copy_(value.to(current.dtype))
-                else:
-                    live[key] = value
-    for group, saved_group in zip(optimizer.param_groups, saved["param_groups"]):
-        for key, value in saved_group.items():
-            if key != "params":
-                group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+    return tqdm(total=train.steps, initial=initial, disable=not train.progress_bar, desc="train", leave=False)
 
 
 def train(cfg: WorkbenchConfig, callbacks: Sequence[Callback] = (), **kwargs: Any) -> TrainResult:

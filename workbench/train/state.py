@@ -1,0 +1,117 @@
+"""What a resume needs: the loop's own position (`LoopState`) and the checkpoint of a whole run
+(`TrainingState`), which gathers the state of each component from its owner.
+
+The loop's fields are checkpointed as one object under ``"loop"``; model, optimizer, scheduler
+and RNG states sit beside it under their own keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.train.checkpoint import CheckpointManager
+from workbench.train.optim import load_optimizer_state
+from workbench.train.state_io import capture_rng, restore_rng
+from workbench.train.stream import BatchInfo
+
+
+@dataclass
+class LoopState:
+    """Step, tokens and data position of a run, and the batch layout it has reached."""
+
+    step: int = 0
+    """Optimizer steps completed (across resumes)."""
+    tokens_seen: int = 0
+    """Real tokens trained on."""
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    """Batches of `epoch` consumed: a resume continues at this index."""
+    sequences_in_epoch: int = 0
+    """Sequences of `epoch` consumed: a batch-size change re-enters the epoch past them."""
+    batch_size: int = 1
+    """Sequences per loaded batch (grows with dynamic batching)."""
+    split: int = 1
+    """Micro-batches each loaded batch is cut into (doubled by each out-of-memory retry)."""
+
+    def step_done(self, batches: Iterable[BatchInfo]) -> int:
+        """Count a finished optimizer step over `batches`; returns its real tokens."""
+        tokens = 0
+        for info in batches:
+            first_of_epoch = info.index == 0
+            self.sequences_in_epoch = info.sequences + (0 if first_of_epoch else self.sequences_in_epoch)
+            self.epoch, self.batch_in_epoch = info.epoch, info.index + 1
+            tokens += info.tokens
+        self.step += 1
+        self.tokens_seen += tokens
+        return tokens
+
+    def resize_batch(self, batch_size: int) -> None:
+        """Continue the same epoch at `batch_size`, past the sequences already seen."""
+        self.batch_size = batch_size
+        self.batch_in_epoch = self.sequences_in_epoch // batch_size
+
+    def state_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        missing = [f.name for f in fields(self) if f.name not in state]
+        if missing:
+            raise ValueError(
+                f"the checkpoint's loop state lacks {', '.join(missing)}: it is not a workbench checkpoint"
+            )
+        for f in fields(self):
+            setattr(self, f.name, int(state[f.name]))
+
+
+@dataclass
+class TrainingState:
+    """Everything a checkpoint holds, gathered from its owners: model, objective, optimizer,
+    scheduler, the loop and the RNGs. Loads copy *into* the live tensors, so a resumed run keeps
+    each tensor's device and sharding and runs the programs compiled before."""
+
+    model: torch.nn.Module
+    objective: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loop: LoopState
+    xla: bool
+
+    def _has_objective_state(self) -> bool:
+        return any(True for _ in self.objective.parameters())
+
+    def state_dict(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The nested dict `CheckpointManager.save` writes (with the run's config beside it)."""
+        state: dict[str, Any] = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "loop": self.loop.state_dict(),
+            "rng": capture_rng(self.xla),
+            "config": config,
+        }
+        if self._has_objective_state():
+            state["objective"] = self.objective.state_dict()
+        return state
+
+    def load(self, checkpoints: CheckpointManager, path: Path) -> None:
+        """Restore from `path`; the optimizer state must already exist (sharded loads need destinations)."""
+        into = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self._has_objective_state():
+            into["objective"] = self.objective.state_dict()
+        state = checkpoints.load(path, into=into)
+        with torch.no_grad():
+            if state["model"] is not into["model"]:
+                self.model.load_state_dict(state["model"])
+            if "objective" in state:
+                self.objective.load_state_dict(state["objective"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
+            group["lr"] = lr
+        self.loop.load_state_dict(state["loop"])
+        restore_rng(state["rng"])

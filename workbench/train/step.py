@@ -1,0 +1,218 @@
+"""One optimizer step on the device: micro-batches, token-mean gradients, clipping and the update.
+
+- **Loss normalisation.** Each micro-batch contributes the *sum* of its token losses and its
+  count of real (label != -100) next-token positions. Gradients of the sums accumulate, and
+  before the optimizer step they are scaled by 1 / (real tokens in the whole optimizer step):
+  the mean over every real token of the effective batch, the same gradient as one batch
+  `grad_accum` times larger however the tokens are spread over the micro-batches. The count
+  stays on the device, so nothing waits for the host.
+- **Programs.** With one micro-batch per step, forward, backward and the update are one XLA
+  program per batch shape and one sync. With accumulation each micro-batch is its own program
+  (per shape) and the update a separate one: unrolling the micro-batches into one program
+  would compile one program per *combination* of bucket shapes. Gradients and the running
+  sums then live in persistent buffers, zeroed inside the update program, so every micro-step
+  has the same inputs and compiles once per shape.
+- **No hidden syncs.** Loss, token counts and grad norm stay device tensors; clipping is
+  `clip_grad_norm_` on the device.
+- **Precision.** 'bf16-mixed': fp32 weights, bf16 autocast (``torch.autocast("xla")`` on XLA,
+  CUDA autocast where the GPU has bf16, CPU autocast on plain CPU). Losses are computed in
+  fp32. 'bf16': bf16 weights, no autocast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from workbench.backend import runtime
+from workbench.config import TrainConfig
+from workbench.train.objective import CausalLMObjective
+from workbench.train.oom import halved_micro_batch
+from workbench.train.optim import init_optimizer_state
+from workbench.train.state import LoopState
+
+Batch = dict[str, torch.Tensor]
+
+
+class StepEngine:
+    """Runs training and eval steps for `model` under `objective`, as `train` (precision, accumulation,
+    clipping) says; `loop.split` says how each loaded batch is cut into micro-batches (the
+    out-of-memory policy doubles it)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        objective: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        loop: LoopState,
+        train: TrainConfig,
+        *,
+        device: Any,
+        xla: bool,
+        sharded: bool = False,
+    ) -> None:
+        self.model, self.objective = model, objective
+        self.optimizer, self.scheduler, self.loop = optimizer, scheduler, loop
+        self.device, self.xla, self.sharded = device, xla, sharded
+        self.precision, self.grad_accum, self.max_grad_norm = (
+            train.precision,
+            train.grad_accum,
+            train.max_grad_norm,
+        )
+        self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        self.eval_objective = CausalLMObjective()
+        self._loss_acc: torch.Tensor | None = None
+        self._tokens_acc: torch.Tensor | None = None
+
+    @property
+    def micro_steps(self) -> int:
+        """Micro-batches per optimizer step: the configured accumulation times the OOM split."""
+        return self.grad_accum * self.loop.split
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.precision != "bf16-mixed":
+            return contextlib.nullcontext()
+        device_type = torch.device(self.device).type
+        if self.xla:
+            return torch.autocast("xla", dtype=torch.bfloat16)
+        if device_type == "cuda":
+            if not torch.cuda.is_bf16_supported():
+                return contextlib.nullcontext()  # the trainer says so once
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    def sync(self) -> None:
+        if self.xla:
+            runtime.sync()
+
+    # ---- state on the device ----
+    def init_optimizer_state(self) -> None:
+        """Create the optimizer state now; under SPMD shard each tensor like its parameter."""
+        init_optimizer_state(self.optimizer)
+        if not self.sharded:
+            return
+        for p in self.params:
+            for value in self.optimizer.state[p].values():
+                unannotated = isinstance(value, torch.Tensor) and value.device.type == "xla"
+                if unannotated and value.shape == p.shape and not runtime.sharding_spec(value):
+                    runtime.copy_sharding(p, value)
+
+    def init_state(self) -> None:
+        """Optimizer state, gradient buffers and running sums exist before the first step (one program per shape)."""
+        self.init_optimizer_state()
+        with torch.no_grad():
+            self._loss_acc = torch.zeros((), dtype=torch.float32, device=self.device)
+            self._tokens_acc = torch.zeros((), dtype=torch.float32, device=self.device)
+        self._clear_gradients()
+        self.sync()
+
+    def clear(self) -> None:
+        """Zero the running sums and the gradients; with accumulation the gradient buffers persist.
+
+        Called inside the update program and whenever a step is abandoned (warm-up restore,
+        out-of-memory retry), so every micro-step starts from the same buffers.
+        """
+        with torch.no_grad():
+            self._loss_acc.zero_()
+            self._tokens_acc.zero_()
+        self._clear_gradients()
+
+    def _clear_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=self.micro_steps == 1)
+        if self.micro_steps > 1:
+            with torch.no_grad():
+                for p in self.params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+
+    # ---- the step ----
+    def _micro_step(self, batch: Batch) -> None:
+        with self.autocast():
+            out = self.objective(self.model, batch)
+        out["loss_sum"].backward()
+        with torch.no_grad():
+            self._loss_acc.add_(out["loss_sum"].detach().float())
+            self._tokens_acc.add_(out["tokens"].float())
+
+    def _update(self) -> dict[str, torch.Tensor]:
+        """Scale accumulated gradients to the token mean, clip, step; returns device tensors to log."""
+        with torch.no_grad():
+            inv_tokens = 1.0 / self._tokens_acc.clamp(min=1.0)
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(inv_tokens.to(p.grad.dtype))
+        grad_norm = None
+        if self.max_grad_norm is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        with torch.no_grad():
+            loss = self._loss_acc * inv_tokens
+        self.clear()
+        out = {"loss": loss}
+        if grad_norm is not None:
+            out["grad_norm"] = grad_norm.detach()
+        return out
+
+    def split_batch(self, batch: Batch) -> list[Batch]:
+        split = self.loop.split
+        if split == 1:
+            return [batch]
+        rows = batch["input_ids"].shape[0]
+        if rows % split:
+            raise ValueError(
+                f"cannot split a batch of {rows} rows into {split} equal micro-batches after an "
+                "out-of-memory retry; use a batch size (or bucketing.tokens_per_batch) divisible by it"
+            )
+        size = rows // split
+        return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(split)]
+
+    def train_step(self, batches: Sequence[Batch]) -> dict[str, torch.Tensor]:
+        """One optimizer step over `batches` (already on the device), with the loop's syncs."""
+        self.model.train()
+        self.objective.train()
+        micro = [m for b in batches for m in self.split_batch(b)]
+        if len(micro) == 1:
+            self._micro_step(micro[0])
+        else:
+            for m in micro:
+                self._micro_step(m)
+                self.sync()
+        return self._update()
+
+    # ---- out of memory ----
+    def can_halve_micro_batches(self, batch_sizes: Iterable[int], dp_size: int) -> bool:
+        """Whether every batch size can be cut into twice as many micro-batches that still split over the mesh."""
+        return all(
+            size % self.loop.split == 0
+            and halved_micro_batch(size // self.loop.split, multiple_of=dp_size) is not None
+            for size in batch_sizes
+        )
+
+    def halve_micro_batches(self) -> None:
+        """Twice the micro-batches per loaded batch (same effective batch); buffers follow."""
+        self.loop.split *= 2
+        self._clear_gradients()
+        self.sync()
+
+    # ---- eval ----
+    def eval_loss(self, batches: Iterable[Batch], max_batches: int | None = None) -> float:
+        """Mean next-token loss over device batches: one program per shape, one host read at the end."""
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        count = torch.zeros((), dtype=torch.float32, device=self.device)
+        self.sync()
+        self.model.eval()
+        for i, batch in enumerate(batches):
+            if max_batches is not None and i >= max_batches:
+                break
+            with torch.no_grad(), self.autocast():
+                out = self.eval_objective(self.model, batch)
+            total = total + out["loss_sum"]
+            count = count + out["tokens"]
+            self.sync()
+        self.model.train()
+        return float((total / count.clamp(min=1.0)).cpu())
