@@ -279,14 +279,14 @@ def _bytes_for(precision: str) -> _Bytes:
 def optimizer_state_elements(shape: ModelShape, optimizer: str) -> int:
     """Optimizer state elements for the whole model.
 
-    adamw: two moments per parameter. adafactor (torch.optim.Adafactor, no momentum):
-    a row and a column second-moment vector per matrix, the full second moment for vectors.
-    sgd: none (plain SGD, no momentum).
+    What `workbench.train.optim.build_optimizer` creates: adamw, two moments per parameter;
+    adafactor (no momentum), a row and a column second-moment vector per matrix, the full
+    second moment for vectors; sgd (momentum 0.9), one momentum buffer per parameter.
     """
     if optimizer == "adamw":
         return 2 * shape.num_parameters
     if optimizer == "sgd":
-        return 0
+        return shape.num_parameters
     if optimizer == "adafactor":
         return sum(s[0] + s[1] if len(s) == 2 else math.prod(s) for _, s in shape.parameter_shapes())
     raise ValueError(f"optimizer={optimizer!r} is not allowed: one of {', '.join(map(repr, OPTIMIZERS))}")

@@ -1,4 +1,4 @@
-"""[from checkpoint] Checkpoints that survive faults: atomic, verified, pickle-free.
+"""Checkpoints that survive faults: atomic, verified, pickle-free.
 
 A checkpoint is one directory ``<root>/step-00000120/`` holding
 
@@ -23,8 +23,8 @@ the next `save` removes; the previous checkpoint stays loadable. `load` checks t
 first, so a truncated or corrupted file fails with `CheckpointError` naming the file and
 what is wrong, instead of a confusing error deep inside a deserialiser.
 
-Nothing is ever unpickled: tensors come from safetensors (or DCP through the restricted
-unpickler above), the rest from JSON.
+The file formats (safetensors, DCP, JSON) live in `state_io`. Nothing is ever unpickled:
+tensors come from safetensors (or DCP through a restricted unpickler), the rest from JSON.
 """
 
 from __future__ import annotations

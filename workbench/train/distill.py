@@ -1,4 +1,4 @@
-"""[from distill] Knowledge distillation: a student learns from a frozen teacher of another size, same tokenizer.
+"""Knowledge distillation: a student learns from a frozen teacher of another size, same tokenizer.
 
 Per real (non-padding) next-token position the loss is
 

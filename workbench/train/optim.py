@@ -1,4 +1,4 @@
-"""[from optim] Optimizers and the learning-rate schedule for the training loop, chosen to be XLA-friendly.
+"""Optimizers and the learning-rate schedule for the training loop, chosen to be XLA-friendly.
 
 - `build_optimizer`: AdamW (torch), `Adafactor` (below: transformers' algorithm with a fixed
   external learning rate; its relative-step/parameter-scale modes compare a device tensor on
@@ -11,6 +11,8 @@
 - `warmup_cosine`: linear warm-up then cosine decay to ``min_lr_ratio`` of the peak, never
   exactly 0 at a step that runs: torch_xla bakes the "special" scalars 0 and 1 into the
   program as constants, so an lr of exactly 0 would compile a program of its own.
+- `load_optimizer_state` / `restore_optimizer_scalars`: put saved optimizer state back *into*
+  the live state tensors, keeping their device, dtype and sharding.
 """
 
 from __future__ import annotations

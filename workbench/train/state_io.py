@@ -1,30 +1,10 @@
-"""[from checkpoint] Checkpoints that survive faults: atomic, verified, pickle-free.
+"""How a checkpoint's state is written and read: nested state dicts flattened into tensors plus a
+JSON structure, safetensors files (or torch.distributed.checkpoint for SPMD-sharded tensors),
+fsynced files, SHA-256 digests, and the RNG states of Python, NumPy, torch and XLA.
 
-A checkpoint is one directory ``<root>/step-00000120/`` holding
-
-- ``<part>.safetensors`` for every top-level entry of the saved state that holds tensors
-  (``model.safetensors`` is a plain weights file keyed by parameter name; optimizer moments,
-  RNG states and so on go to their own files);
-- ``state.json``: everything that is not a tensor (step, scheduler, sampler position,
-  optimizer hyper-parameters, Python/NumPy RNG) plus the structure that puts the tensors
-  back where they were;
-- ``manifest.json``: size and SHA-256 of every other file, written last.
-
-Under SPMD (``sharded=True``) the tensors of each part go through `torch.distributed.checkpoint`
-with torch_xla's SPMD planners instead (``<part>.dcp/``): each device's shard is written
-as it is, and loading writes shards straight into the already-sharded destination tensors.
-DCP keeps its index in a pickle; we read it with torch's weights-only unpickler
-restricted to DCP's metadata classes, never with `pickle.load`.
-
-Atomicity: everything is written into ``<root>/.tmp-step-...`` and fsynced, then the
-directory is renamed into place (a rename within one directory is atomic on POSIX).
-A crash before the rename leaves only a temporary directory, which `latest()` ignores and
-the next `save` removes; the previous checkpoint stays loadable. `load` checks the manifest
-first, so a truncated or corrupted file fails with `CheckpointError` naming the file and
-what is wrong, instead of a confusing error deep inside a deserialiser.
-
-Nothing is ever unpickled: tensors come from safetensors (or DCP through the restricted
-unpickler above), the rest from JSON.
+`CheckpointManager` (``checkpoint.py``) decides where and when; this module decides how.
+DCP keeps its index in a pickle; it is read with torch's weights-only unpickler restricted to
+DCP's metadata classes, never with `pickle.load`.
 """
 
 from __future__ import annotations

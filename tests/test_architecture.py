@@ -1,0 +1,133 @@
+"""The layout rules of docs/ARCHITECTURE.md, checked on the source: layers, the runtime seam, sizes, names."""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("workbench", "widgets")
+
+# What each part of `workbench` may import from the rest of it (imports for annotations only,
+# under `if TYPE_CHECKING:`, are free). Lower layers never import higher ones.
+ALLOWED = {
+    "units": set(),
+    "config": {"units", "models.families"},
+    "backend": {"units", "config"},
+    "models": {"units", "config", "backend"},
+    "parallel": {"units", "config", "backend", "models"},
+    "data": {"units", "config", "backend"},
+    "analysis": {"units", "config", "backend", "models", "parallel"},
+    "train": {"units", "config", "backend", "models", "parallel", "data", "analysis"},
+}
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((REPO / package).rglob("*.py"))
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _runtime_imports(tree: ast.Module) -> list[tuple[str, int]]:
+    """(module, line) of every import that runs (those under `if TYPE_CHECKING:` do not)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(child) for child in ast.walk(node))
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "workbench":  # `from workbench import runtime` style: the names are modules
+                found += [(f"workbench.{alias.name}", node.lineno) for alias in node.names]
+            else:
+                found.append((node.module, node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+    return found
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    wrong = []
+    for path in _modules("workbench"):
+        source = _part(_module_name(path))
+        if source not in ALLOWED:  # the entry points (demo, smoke, the CLI) may use everything
+            continue
+        for target, line in _runtime_imports(ast.parse(path.read_text())):
+            if not target.startswith("workbench.") or _part(target) == source:
+                continue
+            allowed = ALLOWED[source]
+            if _part(target) not in allowed and ".".join(target.split(".")[1:3]) not in allowed:
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_torch_xla_is_imported_only_behind_the_runtime_seam():
+    seam = REPO / "workbench" / "backend" / "runtime.py"
+    wrong = [
+        f"{path.relative_to(REPO)}:{line}"
+        for package in PACKAGES
+        for path in _modules(package)
+        if path != seam
+        for target, line in _runtime_imports(ast.parse(path.read_text()))
+        if target.split(".")[0] == "torch_xla"
+    ]
+    assert not wrong, f"torch_xla imported outside workbench/backend/runtime.py: {wrong}"
+
+
+def test_the_headless_package_never_imports_widgets():
+    wrong = [
+        f"{path.relative_to(REPO)}:{line}"
+        for path in _modules("workbench")
+        for target, line in _runtime_imports(ast.parse(path.read_text()))
+        if target.split(".")[0] == "widgets"
+    ]
+    assert not wrong
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_is_over_600_lines(package):
+    long = {
+        str(p.relative_to(REPO)): n for p in _modules(package) if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert not long, f"split these by job: {long}"
+
+
+def test_the_trainer_class_stays_under_300_lines():
+    tree = ast.parse((REPO / "workbench" / "train" / "trainer.py").read_text())
+    (trainer,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer"]
+    assert trainer.end_lineno - trainer.lineno + 1 < 300
+
+
+def _public_definitions(path: Path) -> list[str]:
+    names = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                elements = target.elts if isinstance(target, ast.Tuple) else [target]
+                names += [e.id for e in elements if isinstance(e, ast.Name)]
+    return [n for n in names if not n.startswith("_") and n != "__all__"]
+
+
+def test_no_public_name_is_defined_in_two_modules():
+    where = collections.defaultdict(list)
+    for package in PACKAGES:
+        for path in _modules(package):
+            for name in _public_definitions(path):
+                where[name].append(_module_name(path))
+    twice = {name: modules for name, modules in where.items() if len(modules) > 1}
+    assert not twice, f"defined in more than one module (define once, import elsewhere): {twice}"
