@@ -1,9 +1,14 @@
 """Shared test helpers.
 
-XLA tests run in a subprocess with ``PJRT_DEVICE=CPU`` and ``CPU_NUM_DEVICES=8`` set
-before torch_xla is imported: each gets a fresh runtime (SPMD can only be switched on
-before the first XLA tensor exists) and clean compile metrics, and the main pytest
-process never imports torch_xla, so the rest of the suite is not slowed by it.
+XLA scenarios are modules under ``tests/xla/``, each with a ``main(**params) -> dict``. A test
+runs one with ``xla_scenario("name", **params)``: ``python -m tests.xla.<name> '<params as JSON>'``
+in a subprocess with ``PJRT_DEVICE=CPU`` and ``CPU_NUM_DEVICES=8`` set before torch_xla is
+imported. Each run gets a fresh runtime (SPMD can only be switched on before the first XLA
+tensor exists) and clean compile metrics, and the main pytest process never imports torch_xla,
+so the rest of the suite is not slowed by it.
+
+A scenario whose result several tests check is run once per test module by a module-scoped
+fixture next to those tests.
 """
 
 from __future__ import annotations
@@ -12,20 +17,16 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-RESULT_MARK = "__WORKBENCH_RESULT__"
+from tests.xla import RESULT_MARK
 
-_PREAMBLE = f"""
-import json as _json, sys as _sys
-def emit(obj):
-    print({RESULT_MARK!r} + _json.dumps(obj), flush=True)
-"""
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = Path(__file__).resolve().parent / "xla"
 
 
 def xla_env(devices: int = 8, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -37,15 +38,24 @@ def xla_env(devices: int = 8, extra: dict[str, str] | None = None) -> dict[str, 
     return env
 
 
-def run_xla(code: str, *, devices: int = 8, timeout: int = 900, env: dict[str, str] | None = None) -> Any:
-    """Run `code` in a fresh Python on `devices` virtual XLA:CPU devices; return what it `emit()`s.
+def run_scenario(
+    name: str,
+    *,
+    devices: int = 8,
+    timeout: int = 900,
+    env: dict[str, str] | None = None,
+    **params: Any,
+) -> Any:
+    """Run ``tests/xla/<name>.py``'s ``main(**params)`` on `devices` virtual XLA:CPU devices in a
+    fresh Python; return its result (decoded from JSON).
 
-    The script gets an `emit(obj)` function; the last emitted object is returned. A failing
-    script fails the test with the end of its stderr.
+    `params` must be JSON-serialisable; `env` adds environment variables. A failing scenario
+    fails the test with the end of its output.
     """
-    script = _PREAMBLE + textwrap.dedent(code)
+    if not name.isidentifier() or not (SCENARIOS / f"{name}.py").is_file():
+        raise ValueError(f"no XLA scenario {name!r}: expected a module tests/xla/{name}.py")
     proc = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, "-m", f"tests.xla.{name}", json.dumps(params)],
         cwd=REPO,
         env=xla_env(devices, env),
         capture_output=True,
@@ -55,11 +65,12 @@ def run_xla(code: str, *, devices: int = 8, timeout: int = 900, env: dict[str, s
     results = [line[len(RESULT_MARK) :] for line in proc.stdout.splitlines() if line.startswith(RESULT_MARK)]
     if proc.returncode != 0 or not results:
         tail = "\n".join((proc.stdout + "\n" + proc.stderr).strip().splitlines()[-40:])
-        pytest.fail(f"XLA subprocess failed (exit {proc.returncode}):\n{tail}", pytrace=False)
+        pytest.fail(f"XLA scenario {name} failed (exit {proc.returncode}):\n{tail}", pytrace=False)
     return json.loads(results[-1])
 
 
-@pytest.fixture
-def xla():
-    """`xla(code, devices=8)` runs `code` on virtual XLA:CPU devices in a subprocess."""
-    return run_xla
+@pytest.fixture(scope="session")
+def xla_scenario() -> Callable[..., Any]:
+    """`xla_scenario(name, devices=8, env=None, **params)` runs the scenario module
+    ``tests/xla/<name>.py`` on virtual XLA:CPU devices in a subprocess."""
+    return run_scenario

@@ -439,116 +439,58 @@ def test_synthetic_batch_follows_a_packed_template():
 # ---- on XLA: packed attention and compile counts ------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def packed_on_xla(xla_scenario):
+    """tests/xla/packed_attention.py: three sequences packed into one row, Llama and Qwen2, with
+    position_ids and with a 4-D mask."""
+    return xla_scenario("packed_attention")
+
+
 @pytest.mark.xla
 @pytest.mark.slow
-def test_packed_loss_equals_loss_alone_on_xla(xla):
-    out = xla(
-        """
-        import torch
-        from workbench.backend import runtime
-        from workbench.data.collate import PackedCollator, pack_sequences
-        from workbench.config import ModelConfig
-        from workbench.models.build import build_model
+def test_three_short_sequences_pack_into_one_row(packed_on_xla):
+    assert packed_on_xla["rows"] == 1
 
-        dev = runtime.device()
-        gen = torch.Generator().manual_seed(0)
-        seqs = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (6, 11, 9)]
-        rows = pack_sequences(seqs, 32)  # one row: three sequences and six pads
-        result = {}
-        for family in ("llama", "qwen2"):
-            cfg = ModelConfig(family=family, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                              intermediate_size=64, vocab_size=128)
-            model = build_model(cfg).eval().to(dev)
-            for attention in ("position_ids", "mask4d"):
-                batch = PackedCollator(0, 32, attention=attention)(rows)
-                with torch.no_grad():
-                    logits = model(**{k: v.to(dev) for k, v in batch.items() if k != "labels"},
-                                   use_cache=False).logits.cpu()
-                    diffs = []
-                    for r, row in enumerate(rows):
-                        start = 0
-                        for n in row["seq_lengths"]:
-                            ids = batch["input_ids"][r, start:start + n]
-                            packed = torch.nn.functional.cross_entropy(logits[r, start:start + n - 1], ids[1:])
-                            alone = model(input_ids=ids[None].to(dev), labels=ids[None].to(dev),
-                                          use_cache=False).loss.cpu()
-                            diffs.append(abs(float(packed) - float(alone)))
-                            start += n
-                result[f"{family}/{attention}"] = max(diffs)
-        emit({"rows": len(rows), "diffs": result})
-        """
-    )
-    assert out["rows"] == 1
-    for key, diff in out["diffs"].items():
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_packed_loss_equals_loss_alone_on_xla(packed_on_xla):
+    for key, diff in packed_on_xla["diffs"].items():
         assert diff < 1e-5, key
 
 
+@pytest.fixture(scope="module")
+def bucket_compiles(xla_scenario):
+    """tests/xla/bucketed_compiles.py: a two-micro-batch step (two programs) over a bucketed
+    loader after prewarm, then over an unbucketed one."""
+    return xla_scenario("bucketed_compiles")
+
+
+PROGRAMS_PER_STEP = 2  # the scenario's step: a first and an accumulating micro-batch pass
+
+
 @pytest.mark.xla
 @pytest.mark.slow
-def test_bucketed_run_compiles_only_in_prewarm_and_unbucketed_per_length(xla):
-    out = xla(
-        """
-        import numpy as np, torch, datasets
-        from workbench.backend import runtime
-        from workbench.data.loader import make_loader, prewarm, synthetic_batch
-        from workbench.config import WorkbenchConfig, ModelConfig
-        from workbench.models.build import build_model
+def test_prewarm_compiles_each_bucket_shape(bucket_compiles):
+    bucketed = bucket_compiles["bucketed"]
+    assert bucketed["warm"] == bucketed["shapes"] * PROGRAMS_PER_STEP
 
-        dev = runtime.device()
-        rng = np.random.default_rng(0)
-        ids = [rng.integers(3, 200, size=int(n)).tolist() for n in rng.integers(4, 100, size=120)]
-        ds = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids, "length": [len(x) for x in ids]})
-        model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-                                        intermediate_size=64, vocab_size=256)).to(dev)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
 
-        def step(batch):
-            # Two micro-batches, a sync after each: two programs per step (first and accumulating pass).
-            losses = []
-            for half in (slice(0, 2), slice(2, 4)):
-                micro = {k: v[half].to(dev) for k, v in batch.items()}
-                loss = model(**micro, use_cache=False).loss
-                loss.backward()
-                losses.append(loss.detach())
-                if half.start == 0:
-                    runtime.sync()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return losses
+@pytest.mark.xla
+@pytest.mark.slow
+def test_bucketed_run_compiles_only_in_prewarm(bucket_compiles):
+    assert bucket_compiles["bucketed"]["during"] == 0
 
-        def run(strategy, steps, compiled_lengths=(), multiple_of=16):
-            cfg = WorkbenchConfig().with_overrides({
-                "data.max_length": 128, "bucketing.strategy": strategy, "bucketing.max_buckets": 2,
-                "bucketing.multiple_of": multiple_of, "train.batch_size": 4})
-            loader, sampler = make_loader(ds, cfg, pad_token_id=0, seed=0)
-            shapes = sampler.batch_shapes()
-            warm = 0
-            if strategy != "none":
-                warm = prewarm(step, shapes, lambda s: synthetic_batch(s, vocab_size=256))
-            before, transfers = runtime.compile_count(), runtime.transfer_count()
-            lengths = set()
-            for i, batch in enumerate(loader):
-                if i == steps:
-                    break
-                lengths.add(int(batch["input_ids"].shape[1]))
-                losses = step(batch)  # alive across the sync, as in prewarm: same program outputs
-                runtime.sync()
-                del losses
-            runtime.wait_device_ops()
-            return {"shapes": len(shapes), "warm": warm, "during": runtime.compile_count() - before,
-                    "lengths": len(lengths - set(compiled_lengths)), "compiled": sorted({n for _, n in shapes}),
-                    "transfers": runtime.transfer_count() - transfers}
 
-        bucketed = run("optimal", 12)
-        # Lengths the bucketed run compiled already are cached programs for the unbucketed run too.
-        # multiple_of=1: each batch padded to its raw longest member, a new program per length.
-        emit({"bucketed": bucketed, "unbucketed": run("none", 4, bucketed["compiled"], multiple_of=1)})
-        """
-    )
-    bucketed, unbucketed = out["bucketed"], out["unbucketed"]
-    programs_per_step = 2
-    assert bucketed["warm"] == bucketed["shapes"] * programs_per_step
-    assert bucketed["during"] == 0
-    assert bucketed["transfers"] == 0  # no hidden device->host syncs in the step
+@pytest.mark.xla
+@pytest.mark.slow
+def test_bucketed_run_makes_no_hidden_host_transfers(bucket_compiles):
+    assert bucket_compiles["bucketed"]["transfers"] == 0  # no hidden device->host syncs in the step
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_unbucketed_run_compiles_per_length(bucket_compiles):
+    unbucketed = bucket_compiles["unbucketed"]
     assert unbucketed["lengths"] >= 3
-    assert unbucketed["during"] == unbucketed["lengths"] * programs_per_step
+    assert unbucketed["during"] == unbucketed["lengths"] * PROGRAMS_PER_STEP

@@ -175,48 +175,29 @@ def test_unsupported_values_are_named():
         flatten_state({"sampler": {"bad": object()}})
 
 
+@pytest.fixture(scope="module")
+def dcp_checkpoint(xla_scenario, tmp_path_factory):
+    """tests/xla/dcp_checkpoint.py: save and load SPMD-sharded tensors (fsdp over 8 devices), and a
+    sharded *and* partially replicated one (data x fsdp)."""
+    root = tmp_path_factory.mktemp("dcp")
+    return xla_scenario("dcp_checkpoint", checkpoint_dir=str(root), hsdp_dir=str(root / "hsdp"))
+
+
 @pytest.mark.xla
-def test_sharded_checkpoint_through_dcp_under_spmd(xla, tmp_path):
-    out = xla(f"""
-        import numpy as np, torch
-        from pathlib import Path
-        from workbench.backend import runtime
-        runtime.use_spmd()
-        import torch_xla.distributed.spmd as xs
-        from workbench.train.checkpoint import CheckpointManager
-        dev = runtime.device()
-        mesh = runtime.spmd_mesh(list(range(8)), (8, 1), ("fsdp", "model"))
-        w = torch.arange(64 * 16, dtype=torch.float32).reshape(64, 16).to(dev)
-        runtime.mark_sharding(w, mesh, ("fsdp", None))
-        b = torch.ones(16).to(dev)
-        manager = CheckpointManager({str(tmp_path)!r}, sharded=True)
-        path = manager.save(4, {{"model": {{"w": w, "b": b}}, "step": 4}})
-        files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
-        with torch.no_grad():
-            w.zero_(); b.zero_()
-        runtime.sync()
-        spec_before = runtime.sharding_spec(w)
-        loaded = manager.load(into={{"model": {{"w": w, "b": b}}}})
-        expected = torch.arange(64 * 16, dtype=torch.float32).reshape(64, 16)
-        # data x fsdp: sharded *and* partially replicated. torch_xla's planner drops such tensors
-        # on one process, so the manager verifies DCP's index and falls back to full tensors.
-        hsdp = runtime.spmd_mesh(list(range(8)), (2, 4), ("data", "fsdp"))
-        v = (torch.arange(64 * 16, dtype=torch.float32).reshape(64, 16) * 2).to(dev)
-        runtime.mark_sharding(v, hsdp, ("fsdp", None))
-        hsdp_path = CheckpointManager({str(tmp_path / "hsdp")!r}, sharded=True).save(1, {{"model": {{"v": v}}}})
-        hsdp_files = sorted(p.name for p in hsdp_path.iterdir())
-        hsdp_ok = bool(torch.equal(CheckpointManager({str(tmp_path / "hsdp")!r}).load()["model"]["v"], expected * 2))
-        emit({{
-            "files": files,
-            "w_ok": bool(torch.equal(loaded["model"]["w"].cpu(), expected)),
-            "w_in_place": loaded["model"]["w"] is w,
-            "spec_kept": runtime.sharding_spec(w) == spec_before and "devices=" in spec_before,
-            "b_ok": bool(torch.equal(b.cpu(), torch.ones(16))),
-            "step": loaded["step"],
-            "hsdp_files": hsdp_files,
-            "hsdp_ok": hsdp_ok,
-        }})
-    """)
-    assert any(f.startswith("model.dcp/") for f in out["files"]), out["files"]
-    assert "model.safetensors" in out["hsdp_files"] and out["hsdp_ok"]
-    assert out["b_ok"] and out["w_ok"] and out["w_in_place"] and out["spec_kept"] and out["step"] == 4
+def test_sharded_checkpoint_through_dcp_under_spmd(dcp_checkpoint):
+    assert any(f.startswith("model.dcp/") for f in dcp_checkpoint["files"]), dcp_checkpoint["files"]
+
+
+@pytest.mark.xla
+def test_sharded_checkpoint_restores_the_values(dcp_checkpoint):
+    assert dcp_checkpoint["b_ok"] and dcp_checkpoint["w_ok"] and dcp_checkpoint["step"] == 4
+
+
+@pytest.mark.xla
+def test_sharded_checkpoint_loads_in_place_keeping_the_sharding(dcp_checkpoint):
+    assert dcp_checkpoint["w_in_place"] and dcp_checkpoint["spec_kept"]
+
+
+@pytest.mark.xla
+def test_partially_replicated_tensors_fall_back_to_full_tensors(dcp_checkpoint):
+    assert "model.safetensors" in dcp_checkpoint["hsdp_files"] and dcp_checkpoint["hsdp_ok"]

@@ -154,21 +154,34 @@ def test_importing_workbench_starts_no_runtime() -> None:
     assert out.stdout.strip() == "False"
 
 
+@pytest.fixture(scope="module")
+def detected_on_xla(xla_scenario):
+    """tests/xla/detect_devices.py: detect() (twice) and detect("xla") on 8 XLA:CPU devices."""
+    return xla_scenario("detect_devices")
+
+
 @pytest.mark.xla
-def test_detect_on_eight_xla_cpu_devices(xla) -> None:
-    result = xla(
-        """
-        import time
-        from workbench.backend.hardware import detect
-        t0 = time.perf_counter(); hw = detect(); first = time.perf_counter() - t0
-        t0 = time.perf_counter(); again = detect(); second = time.perf_counter() - t0
-        emit({**hw.to_dict(), "same": again is hw, "second_s": second, "explicit": detect("xla").num_devices})
-        """
-    )
-    assert result["backend"] == "cpu" and result["via_xla"] is True
+def test_detect_on_eight_xla_cpu_devices(detected_on_xla) -> None:
+    result = detected_on_xla
     assert result["num_devices"] == 8 and result["local_devices"] == 8 and result["explicit"] == 8
-    assert result["num_processes"] == 1 and result["process_index"] == 0
-    assert (
-        result["memory_per_device_bytes"] is None
-    )  # XLA:CPU reports no allocator stats: unknown, not guessed
-    assert result["same"] and result["second_s"] < 0.01
+
+
+@pytest.mark.xla
+def test_detect_on_xla_cpu_reports_the_cpu_backend_via_xla(detected_on_xla) -> None:
+    assert detected_on_xla["backend"] == "cpu" and detected_on_xla["via_xla"] is True
+
+
+@pytest.mark.xla
+def test_detect_on_xla_cpu_is_one_process(detected_on_xla) -> None:
+    assert detected_on_xla["num_processes"] == 1 and detected_on_xla["process_index"] == 0
+
+
+@pytest.mark.xla
+def test_detect_on_xla_cpu_leaves_memory_unknown(detected_on_xla) -> None:
+    # XLA:CPU reports no allocator stats: unknown, not guessed
+    assert detected_on_xla["memory_per_device_bytes"] is None
+
+
+@pytest.mark.xla
+def test_detect_is_cached(detected_on_xla) -> None:
+    assert detected_on_xla["same"] and detected_on_xla["second_s"] < 0.01

@@ -314,67 +314,77 @@ def test_oom_retry_gives_up_and_passes_other_errors():
 # ---- against the compiler (XLA:CPU) ----------------------------------------------------
 
 
+def _compile_memory_log(tmp_path_factory, name):
+    """The environment that makes torch_xla log each compiled program's memory analysis."""
+    log = tmp_path_factory.mktemp(name) / "compile.log"
+    return {"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(log)}
+
+
+@pytest.fixture(scope="module")
+def compiler_memory(xla_scenario, tmp_path_factory):
+    """tests/xla/memory_vs_compiler.py: the compiler's memory analysis of the real training step vs
+    the estimate, unsharded; and the compile-only probe that the batch finder uses (it compiles
+    without executing)."""
+    return xla_scenario("memory_vs_compiler", env=_compile_memory_log(tmp_path_factory, "memory"))
+
+
 @pytest.mark.slow
 @pytest.mark.xla
-def test_estimate_within_15_percent_of_the_compiler(xla, tmp_path):
-    """The compiler's memory analysis of the real training step vs the estimate, unsharded; and
-    the compile-only probe that the batch finder uses (it compiles without executing)."""
-    out = xla(
-        """
-        from workbench.analysis.batch import find_batch_size
-        from workbench.analysis.estimate import estimate
-        from workbench.analysis.probe import compiled_step_memory, compiled_step_probe
-        from workbench.backend import runtime
-        from workbench.config import ModelConfig
-        cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
-        rows = []
-        for b, t in [(2, 128), (8, 32)]:
-            m = compiled_step_memory(cfg, batch_size=b, seq_len=t)
-            e = estimate(cfg, batch_size=b, seq_len=t, precision="fp32")
-            rows.append([b, t, m.peak_bytes, e.total_bytes, m.programs])
-        executed = runtime.execute_count()
-        probe = compiled_step_probe(cfg, seq_len=32)
-        probed = probe(16)
-        budget = int(estimate(cfg, batch_size=16, seq_len=32, precision="fp32").total_bytes * 1.2)
-        plan = find_batch_size(cfg, seq_len=32, memory_bytes=budget, dp_size=8, headroom=0.0,
-                                      compiled_bytes=probe, precision="fp32")
-        emit(dict(rows=rows, probed=probed, probe_executed=runtime.execute_count() - executed,
-                  est16=estimate(cfg, batch_size=16, seq_len=32, precision="fp32").total_bytes,
-                  plan=[plan.batch_size, plan.compiled_bytes]))
-        """,
-        env={"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(tmp_path / "compile.log")},
-    )
-    for b, t, compiler, est, programs in out["rows"]:
+def test_compiled_training_step_is_two_programs(compiler_memory):
+    for _b, _t, _compiler, _est, programs in compiler_memory["rows"]:
         assert programs == 2  # first step (creates the AdamW state), then the steady-state step
-        assert abs(est - compiler) / compiler <= 0.15, (b, t, compiler, est)
-    assert out["probe_executed"] == 0  # compiled, never run
-    assert abs(out["est16"] - out["probed"]) / out["probed"] <= 0.15
-    batch, compiled = out["plan"]
-    assert batch == 16 and compiled is not None and compiled <= out["est16"] * 1.2
 
 
 @pytest.mark.slow
 @pytest.mark.xla
-def test_estimate_within_15_percent_of_the_compiler_under_fsdp(xla, tmp_path):
-    out = xla(
-        """
-        from workbench.analysis.estimate import estimate
-        from workbench.analysis.probe import compiled_step_memory
-        from workbench.backend import runtime
-        from workbench.config import ModelConfig
-        runtime.use_spmd()
-        cfg = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
-        m = compiled_step_memory(cfg, batch_size=16, seq_len=32, fsdp=8)
-        e = estimate(cfg, batch_size=16, seq_len=32, precision="fp32", mesh={"data": 1, "fsdp": 8, "model": 1})
-        single = estimate(cfg, batch_size=16, seq_len=32, precision="fp32")
-        emit([m.peak_bytes, m.argument_bytes, e.total_bytes, e.breakdown["params"], single.total_bytes])
-        """,
-        env={"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(tmp_path / "compile.log")},
-    )
-    compiler, args, est, params, single = out
+def test_estimate_within_15_percent_of_the_compiler(compiler_memory):
+    for b, t, compiler, est, _programs in compiler_memory["rows"]:
+        assert abs(est - compiler) / compiler <= 0.15, (b, t, compiler, est)
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_compile_only_probe_never_executes(compiler_memory):
+    assert compiler_memory["probe_executed"] == 0  # compiled, never run
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_estimate_within_15_percent_of_the_compile_only_probe(compiler_memory):
+    assert abs(compiler_memory["est16"] - compiler_memory["probed"]) / compiler_memory["probed"] <= 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_batch_finder_with_the_probe_picks_the_batch_that_fits(compiler_memory):
+    batch, compiled = compiler_memory["plan"]
+    assert batch == 16 and compiled is not None and compiled <= compiler_memory["est16"] * 1.2
+
+
+@pytest.fixture(scope="module")
+def compiler_memory_fsdp(xla_scenario, tmp_path_factory):
+    """tests/xla/memory_vs_compiler_fsdp.py: the same step under FSDP over 8 devices."""
+    return xla_scenario("memory_vs_compiler_fsdp", env=_compile_memory_log(tmp_path_factory, "memory-fsdp"))
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_estimate_within_15_percent_of_the_compiler_under_fsdp(compiler_memory_fsdp):
+    compiler, est = compiler_memory_fsdp["compiler"], compiler_memory_fsdp["estimate"]
     assert abs(est - compiler) / compiler <= 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_compiler_sees_an_eighth_of_weights_and_state_under_fsdp(compiler_memory_fsdp):
+    args, params = compiler_memory_fsdp["arguments"], compiler_memory_fsdp["params"]
     assert args < 4 * params  # the compiler sees 1/8 of the weights and state per device
-    assert compiler < single / 3
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_fsdp_step_needs_under_a_third_of_the_unsharded_memory(compiler_memory_fsdp):
+    assert compiler_memory_fsdp["compiler"] < compiler_memory_fsdp["single"] / 3
 
 
 def test_a_pretrained_path_is_read_from_its_own_config(tmp_path):

@@ -198,15 +198,6 @@ def test_describe():
 
 
 @pytest.mark.xla
-def test_runtime_answers_on_xla_and_leaves_spmd_possible(xla):
-    result = xla(
-        """
-        from workbench.backend import multihost
-        from workbench.backend import runtime
-        facts = [multihost.process_index(), multihost.process_count(), multihost.is_main()]
-        from workbench.parallel.mesh import MeshSpec
-        mesh = MeshSpec(data=1, fsdp=8).build()  # asking the runtime did not lock SPMD out
-        emit({"facts": facts, "spmd": runtime.is_spmd(), "mesh": list(mesh.mesh_shape)})
-        """
-    )
+def test_runtime_answers_on_xla_and_leaves_spmd_possible(xla_scenario):
+    result = xla_scenario("multihost_runtime")
     assert result == {"facts": [0, 1, True], "spmd": True, "mesh": [1, 8, 1]}

@@ -135,127 +135,115 @@ def test_trace_on_cpu_writes_a_tensorboard_trace(tmp_path):
     assert {"train_step_0", "train_step_2"} <= names and "aten::addmm" in names
 
 
+@pytest.fixture(scope="module")
+def profiler_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("profiler")
+
+
+@pytest.fixture(scope="module")
+def profiled(xla_scenario, profiler_dir):
+    """tests/xla/profiler_advice.py: StepProfiler around a hand-written loop on XLA:CPU; each kind
+    of advice provoked in turn; its exports and a trace written under `profiler_dir`."""
+    log = {"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(profiler_dir / "compile.log")}
+    return xla_scenario("profiler_advice", env=log, out_dir=str(profiler_dir))
+
+
 @pytest.mark.slow
 @pytest.mark.xla
-def test_profiler_on_xla_cpu_no_sync_between_logs_and_each_advice(xla, tmp_path):
-    out = xla(
-        f"""
-        import time, torch
-        from workbench.backend import runtime
-        from workbench.config import ModelConfig
-        from workbench.backend.hardware import detect
-        from workbench.models.build import build_model
-        from workbench.analysis.profiler import StepProfiler
-        from workbench.analysis.flops import training_flops_per_token
-        from workbench.analysis.trace import trace
-
-        hw = detect("xla")
-        dev = runtime.device()
-        cfg = ModelConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=256)
-        model = build_model(cfg).to(dev)
-        model.tie_weights()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        B, T = 4, 32
-        ids = torch.randint(0, 256, (B, T)).to(dev)
-        fpt = training_flops_per_token(model, T)
-
-        def step(batch=ids):
-            loss = model(input_ids=batch, labels=batch).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            runtime.sync()
-            return loss
-
-        for _ in range(2):  # warm-up: the first step and the steady-state step compile
-            step()
-        runtime.wait_device_ops()
-        res = {{}}
-
-        # clean loop: the profiler reads the loss tensor only at its log steps
-        prof = StepProfiler(hw, flops_per_token=fpt, log_every=5, warmup_steps=0)
-        per_step = []
-        for i in range(10):
-            loss = step()
-            before = runtime.transfer_count()
-            m = prof.step(B * T, loss=loss, lr=1e-3)
-            per_step.append([runtime.transfer_count() - before, m is not None])
-        res["clean"] = dict(per_step=per_step, history=prof.history, advice=[a.kind for a in prof.advice()])
-
-        # .item() every step
-        prof = StepProfiler(hw, log_every=5, warmup_steps=0)
-        for i in range(5):
-            loss = step()
-            loss.item()
-            prof.step(B * T, loss=loss)
-        res["item"] = dict(advice=[a.kind for a in prof.advice()], transfers=prof.history[-1]["transfers"])
-
-        # new shapes after warm-up
-        prof = StepProfiler(hw, log_every=5, warmup_steps=0)
-        for t in (16, 24, 40, 48, 56):
-            prof.step(B * t, loss=step(ids[:, :t].contiguous() if t < T else torch.randint(0, 256, (B, t)).to(dev)))
-        res["recompile"] = dict(advice=[a.kind for a in prof.advice()], history=prof.history)
-
-        # input wait
-        prof = StepProfiler(hw, log_every=5, warmup_steps=0)
-        for i in range(5):
-            with prof.input_wait():
-                time.sleep(0.05)
-            prof.step(B * T, loss=step())
-        res["input"] = dict(advice=[a.kind for a in prof.advice()], fraction=prof.history[-1]["input_wait_fraction"])
-
-        # MFU against a peak: far too high a peak -> low MFU; a tiny one -> none
-        for name, peak in (("low_mfu", 1e18), ("high_mfu", 1.0)):
-            prof = StepProfiler(hw, flops_per_token=fpt, log_every=5, warmup_steps=0, peak_flops=peak)
-            for i in range(5):
-                prof.step(B * T, loss=step())
-            res[name] = dict(advice=[a.kind for a in prof.advice()], mfu=prof.history[-1]["mfu"])
-
-        # memory: the compiled program's own figure against a limit just above / far above it
-        peak = max(r.peak_bytes for r in runtime.compiled_memory_records())
-        for name, limit in (("mem_near", int(peak * 1.05)), ("mem_far", peak * 3)):
-            prof = StepProfiler(hw, log_every=5, warmup_steps=0, memory_limit_bytes=limit)
-            for i in range(5):
-                prof.step(B * T, loss=step())
-            res[name] = dict(advice=[a.kind for a in prof.advice()], compiled=prof.history[-1]["compiled_program_bytes"], peak=peak)
-        prof.to_json({str(tmp_path / "prof.json")!r})
-        prof.to_csv({str(tmp_path / "prof.csv")!r})
-
-        logdir = trace(step, steps=2, logdir={str(tmp_path / "tb")!r}, warmup=1, hw=hw)
-        res["trace_files"] = [p.name for p in logdir.glob("*.pt.trace.json")]
-        emit(res)
-        """,
-        env={"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(tmp_path / "compile.log")},
-    )
-    clean = out["clean"]
+def test_profiler_on_xla_cpu_no_sync_between_logs(profiled):
     # no device->host transfer on the 8 non-log steps; one (the loss) on each log step
-    assert clean["per_step"] == [[0, False]] * 4 + [[1, True]] + [[0, False]] * 4 + [[1, True]]
-    first, second = clean["history"]
-    assert first["transfers"] == 0 and second["transfers"] == 0  # the user's loop made none
-    assert first["compiles"] == 0 and first["recompiled"] is False and first["total_compiles"] >= 2
-    assert first["loss"] > 0 and first["device_memory_bytes"] is None and first["mfu"] is None  # no CPU peak
-    assert first["compiled_program_bytes"] > 0
-    assert clean["advice"] == []
+    assert profiled["clean"]["per_step"] == [[0, False]] * 4 + [[1, True]] + [[0, False]] * 4 + [[1, True]]
 
-    assert out["item"]["advice"] == ["host_transfer"] and out["item"]["transfers"] >= 5
-    rec = out["recompile"]
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_counts_no_transfers_in_a_clean_loop(profiled):
+    first, second = profiled["clean"]["history"]
+    assert first["transfers"] == 0 and second["transfers"] == 0  # the user's loop made none
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_counts_no_compiles_after_warmup(profiled):
+    first, _second = profiled["clean"]["history"]
+    assert first["compiles"] == 0 and first["recompiled"] is False and first["total_compiles"] >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_reports_the_loss_and_no_device_memory_or_mfu_on_cpu(profiled):
+    first, _second = profiled["clean"]["history"]
+    assert first["loss"] > 0 and first["device_memory_bytes"] is None and first["mfu"] is None  # no CPU peak
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_reports_the_compiled_program_size(profiled):
+    first, _second = profiled["clean"]["history"]
+    assert first["compiled_program_bytes"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_gives_no_advice_for_a_clean_loop(profiled):
+    assert profiled["clean"]["advice"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_advises_on_an_item_every_step(profiled):
+    assert profiled["item"]["advice"] == ["host_transfer"] and profiled["item"]["transfers"] >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_advises_on_recompilation(profiled):
+    rec = profiled["recompile"]
     assert rec["advice"] == ["recompilation"]
-    assert rec["history"][-1]["compiles"] == 5 and rec["history"][-1]["recompiled"] is True
-    assert rec["history"][-1]["compile_time_s"] > 0 and rec["history"][-1]["recompile_steps"] == [
-        1,
-        2,
-        3,
-        4,
-        5,
-    ]
-    assert out["input"]["advice"] == ["input_bound"] and out["input"]["fraction"] > 0.1
-    assert out["low_mfu"]["advice"] == ["low_mfu"] and out["low_mfu"]["mfu"] < 1e-6
-    assert out["high_mfu"]["advice"] == [] and out["high_mfu"]["mfu"] > 1
-    assert (
-        out["mem_near"]["advice"] == ["memory_near_limit"]
-        and out["mem_near"]["compiled"] == out["mem_near"]["peak"]
-    )
-    assert out["mem_far"]["advice"] == []
-    assert json.loads((tmp_path / "prof.json").read_text())["history"][0]["step"] == 5
-    assert len(list(csv.DictReader((tmp_path / "prof.csv").open()))) == 1
-    assert len(out["trace_files"]) == 1
+    last = rec["history"][-1]
+    assert last["compiles"] == 5 and last["recompiled"] is True
+    assert last["compile_time_s"] > 0 and last["recompile_steps"] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_advises_on_input_wait(profiled):
+    assert profiled["input"]["advice"] == ["input_bound"] and profiled["input"]["fraction"] > 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_advises_on_low_mfu(profiled):
+    assert profiled["low_mfu"]["advice"] == ["low_mfu"] and profiled["low_mfu"]["mfu"] < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_gives_no_mfu_advice_against_a_tiny_peak(profiled):
+    assert profiled["high_mfu"]["advice"] == [] and profiled["high_mfu"]["mfu"] > 1
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_advises_near_the_memory_limit(profiled):
+    near = profiled["mem_near"]
+    assert near["advice"] == ["memory_near_limit"] and near["compiled"] == near["peak"]
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_gives_no_memory_advice_far_below_the_limit(profiled):
+    assert profiled["mem_far"]["advice"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_profiler_exports_json_and_csv(profiled, profiler_dir):
+    assert json.loads((profiler_dir / "prof.json").read_text())["history"][0]["step"] == 5
+    assert len(list(csv.DictReader((profiler_dir / "prof.csv").open()))) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_trace_on_xla_cpu_writes_one_trace_file(profiled):
+    assert len(profiled["trace_files"]) == 1

@@ -336,125 +336,11 @@ def test_importing_sharding_starts_nothing():
         MeshSpec(fsdp=8).resolve(8)
 
 
-# ---- real SPMD on 8 virtual XLA:CPU devices ---------------------------------------------
-
-TRAIN_SCRIPT = """
-import math
-import torch
-from workbench.backend import runtime
-from workbench.config import ModelConfig
-from workbench.backend.hardware import detect
-from workbench.models.build import build_model
-from workbench.parallel.mesh import MeshError, MeshSpec, mesh_preset
-from workbench.parallel.rules import ShardingError
-from workbench.parallel.apply import batch_sharding, batch_spec, move_model, shard_batch, shard_model
-from workbench.parallel.plan import shard_map
-
-FAMILY, MESHES = {family!r}, {meshes!r}
-# detect() starts the runtime; no XLA tensor exists yet, so SPMD can still be switched on.
-hw = detect("xla")
-preset = mesh_preset(hw)
-runtime.use_spmd()
-cfg = ModelConfig(family=FAMILY, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                  intermediate_size=128, vocab_size=512, max_position_embeddings=128)
-ids_cpu = torch.randint(0, 512, (8, 32), generator=torch.Generator().manual_seed(0))
-
-def device_number(name):
-    return int(name.rsplit(":", 1)[1])
-
-def run(spec):
-    model = build_model(cfg, seed=0)
-    report = None
-    if spec is None:
-        move_model(model)
-        batch = {{"input_ids": ids_cpu.to(runtime.device())}}
-    else:
-        mesh = MeshSpec(**spec).build()
-        report = shard_model(model, mesh)
-        batch = shard_batch({{"input_ids": ids_cpu, "note": "passes through"}}, mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    compiles0, transfers0 = runtime.compile_count(), runtime.transfer_count()
-    losses = []
-    for _ in range(3):
-        loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"], use_cache=False).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
-        runtime.sync()
-    out = {{"compiles": runtime.compile_count() - compiles0, "transfers": runtime.transfer_count() - transfers0}}
-    out["losses"] = [float(v) for v in runtime.to_cpu(losses)]
-    if report is None:
-        return out
-    # One more backward with a sync before the optimizer (as gradient accumulation does): the
-    # gradients that survive the step must be sharded like their parameters.
-    model(input_ids=batch["input_ids"], labels=batch["input_ids"], use_cache=False).loss.backward()
-    runtime.sync(wait=True)  # shards can only be read once the step has finished
-    params = dict(model.named_parameters())
-    out["tied"] = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    wrong_shape, wrong_place, wrong_grad, state_layout, state_bigger, fractions = [], [], [], [], [], {{}}
-    for e in report.entries:
-        p = params[e.name]
-        shapes = runtime.local_shard_shapes(p) if any(e.spec) else [tuple(p.shape)]
-        fractions[e.name] = [e.fraction, math.prod(shapes[0]) / p.numel(), [list(s) for s in set(shapes)]]
-        if any(tuple(s) != e.local_shape for s in shapes):
-            wrong_shape.append([e.name, [list(s) for s in shapes], list(e.local_shape)])
-        placed = {{device_number(d): idx for d, idx in runtime.local_shard_indices(p)}}
-        for shard in report.device_map(e.name).shards:
-            got = placed.get(shard.device)
-            if got is not None and tuple(map(tuple, got)) != shard.index:
-                wrong_place.append([e.name, shard.device, got, shard.index])
-        for key in ("grad", "exp_avg", "exp_avg_sq"):
-            state = p.grad if key == "grad" else opt.state[p][key]
-            local = runtime.local_shard_shapes(state)[0] if runtime.sharding_spec(state) else tuple(state.shape)
-            if tuple(local) != e.local_shape:
-                (wrong_grad if key == "grad" else state_layout).append([e.name, key, list(local), list(e.local_shape)])
-            if math.prod(local) > math.prod(e.local_shape):
-                state_bigger.append([e.name, key, list(local), list(e.local_shape)])
-    ids = batch["input_ids"]
-    placed = {{device_number(d): tuple(map(tuple, idx)) for d, idx in runtime.local_shard_indices(ids)}}
-    expected = shard_map("input_ids", tuple(ids.shape), batch_spec(2, report.axis_sizes), report.axis_sizes,
-                         report.device_ids)
-    out.update(
-        wrong_shape=wrong_shape, wrong_place=wrong_place, wrong_grad=wrong_grad, state_layout=state_layout,
-        state_bigger=state_bigger, fractions=fractions,
-        batch_rows={{str(d): list(idx[0]) for d, idx in placed.items()}},
-        batch_as_expected=placed == {{s.device: s.index for s in expected.shards}},
-        note=batch["note"], fallbacks=report.fallbacks, specs={{e.name: e.spec for e in report.entries}},
-    )
-    return out
-
-results = {{"preset": preset.axis_sizes if preset else None, "unsharded": run(None)}}
-for spec in MESHES:
-    results["x".join(f"{{k}}{{v}}" for k, v in spec.items())] = run(spec)
-
-# The device loader applies the same batch sharding as shard_batch.
-mesh = MeshSpec(data=2, fsdp=2, model=2).build()
-loaded = next(iter(runtime.device_loader([{{"input_ids": ids_cpu}}], runtime.device(), batch_sharding=batch_sharding(mesh))))
-direct = shard_batch({{"input_ids": ids_cpu}}, mesh)
-results["loader_spec"] = [runtime.sharding_spec(loaded["input_ids"]), runtime.sharding_spec(direct["input_ids"])]
-
-# Clear errors at the edges, in the same SPMD process.
-errors = {{}}
-try:
-    shard_batch({{"input_ids": torch.zeros(6, 4, dtype=torch.long)}}, mesh)
-except ShardingError as err:
-    errors["batch"] = str(err)
-try:
-    MeshSpec(data=-1, fsdp=2, num_slices=2).build()
-except MeshError as err:
-    errors["multislice_on_cpu"] = str(err)
-try:
-    MeshSpec(data=2, fsdp=2, model=4).build()
-except MeshError as err:
-    errors["too_big"] = str(err)
-results["errors"] = errors
-emit(results)
-"""
+# ---- real SPMD on 8 virtual XLA:CPU devices (scenarios in tests/xla/) -------------------
 
 
 def _mesh_id(spec: dict[str, int]) -> str:
-    return "x".join(f"{k}{v}" for k, v in spec.items())
+    return "x".join(f"{k}{v}" for k, v in spec.items())  # the scenario's key for each mesh
 
 
 # Tensor-parallel roles to check per family: (column-parallel weight, row-parallel weight).
@@ -467,49 +353,149 @@ TP_ROLES = {
 SHARDED_WEIGHTS = ("proj.weight", "embed_tokens.weight", "c_attn.weight", "c_fc.weight", "wte.weight")
 
 
-@pytest.mark.slow
-@pytest.mark.xla
-@pytest.mark.parametrize(
-    "family, meshes",
-    [("llama", MESHES), ("qwen2", MESHES), ("gpt2", [{"data": 1, "fsdp": 4, "model": 2}])],
+@pytest.fixture(
+    scope="module",
+    params=[("llama", MESHES), ("qwen2", MESHES), ("gpt2", [{"data": 1, "fsdp": 4, "model": 2}])],
     ids=["llama", "qwen2", "gpt2-conv1d"],
 )
-def test_sharded_training_matches_unsharded(xla, family, meshes):
-    result = xla(TRAIN_SCRIPT.format(family=family, meshes=meshes))
-    assert result["preset"] == {"data": 1, "fsdp": 8, "model": 1}
-    reference = result["unsharded"]["losses"]
+def sharded(xla_scenario, request):
+    """tests/xla/sharded_training.py for one family: (family, meshes, result), one run per family.
+
+    The family trains unsharded and on each mesh in one SPMD process; the same process checks the
+    device loader and the errors at the edges."""
+    family, meshes = request.param
+    return family, meshes, xla_scenario("sharded_training", family=family, meshes=meshes)
+
+
+def _mesh_runs(sharded):
+    family, meshes, result = sharded
+    return [(spec, result[_mesh_id(spec)], f"{family} {_mesh_id(spec)}") for spec in meshes]
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_mesh_preset_on_eight_devices_is_pure_fsdp(sharded):
+    assert sharded[2]["preset"] == {"data": 1, "fsdp": 8, "model": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_unsharded_reference_run_learns(sharded):
+    reference = sharded[2]["unsharded"]["losses"]
     assert reference[-1] < reference[0], "the reference run must learn"
-    column, row = TP_ROLES[family]
-    for spec in meshes:
-        run = result[_mesh_id(spec)]
-        name = f"{family} {_mesh_id(spec)}"
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_sharded_training_matches_unsharded(sharded):
+    reference = sharded[2]["unsharded"]["losses"]
+    for _spec, run, name in _mesh_runs(sharded):
         assert run["losses"] == pytest.approx(reference, abs=LOSS_TOLERANCE), name
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_sharded_training_makes_no_host_transfers(sharded):
+    for _spec, run, name in _mesh_runs(sharded):
         assert run["transfers"] == 0, f"{name}: hidden host transfers inside the loop"
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_sharded_training_compiles_at_most_two_programs(sharded):
+    for _spec, run, name in _mesh_runs(sharded):
         assert run["compiles"] <= 2, f"{name}: step 1 (creates optimizer state) and step 2+ only"
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_sharded_model_keeps_lm_head_tied(sharded):
+    for _spec, run, name in _mesh_runs(sharded):
         assert run["tied"], f"{name}: lm_head must stay tied to the embedding"
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_sharding_plan_needs_no_fallbacks(sharded):
+    for _spec, run, _name in _mesh_runs(sharded):
         assert run["fallbacks"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_parameter_shards_have_the_planned_shapes(sharded):
+    for _spec, run, name in _mesh_runs(sharded):
         assert run["wrong_shape"] == [], name
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_parameter_shards_sit_on_the_planned_devices(sharded):
+    for _spec, run, name in _mesh_runs(sharded):
         assert run["wrong_place"] == [], name
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_gradients_are_sharded_like_their_parameters(sharded):
+    for _spec, run, name in _mesh_runs(sharded):
         assert run["wrong_grad"] == [], f"{name}: gradients must be sharded like their parameters"
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_optimizer_state_never_exceeds_the_parameter_share(sharded):
+    for _spec, run, name in _mesh_runs(sharded):
         assert run["state_bigger"] == [], f"{name}: optimizer state must never exceed the parameter's share"
-        if family != "gpt2":
-            # Llama/Qwen2: AdamW state lands exactly like the parameters. (GPT-2: GSPMD also splits
-            # the state of a few replicated biases/norms further, which only saves memory.)
-            assert run["state_layout"] == [], name
-        # Every weight holds 1/(fsdp*model) of itself on each device: checked against the
-        # shards torch_xla really holds, not only against the plan.
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_adamw_state_lands_exactly_like_the_parameters(sharded):
+    if sharded[0] == "gpt2":
+        pytest.skip("GPT-2: GSPMD also splits the state of a few replicated biases/norms further")
+    for _spec, run, name in _mesh_runs(sharded):
+        assert run["state_layout"] == [], name
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_each_weight_holds_its_planned_share_on_each_device(sharded):
+    # Every weight holds 1/(fsdp*model) of itself on each device: checked against the
+    # shards torch_xla really holds, not only against the plan.
+    for spec, run, _name in _mesh_runs(sharded):
         shard_factor = spec["fsdp"] * spec["model"]
         for pname, (planned, actual, _shapes) in run["fractions"].items():
             assert actual == pytest.approx(planned), pname
             if pname.endswith(SHARDED_WEIGHTS):
                 assert actual == pytest.approx(1 / shard_factor), pname
-        # The batch: 8 rows over data x fsdp; each device holds 8 / dp rows.
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_batch_rows_split_over_data_and_fsdp(sharded):
+    # The batch: 8 rows over data x fsdp; each device holds 8 / dp rows.
+    for spec, run, name in _mesh_runs(sharded):
         dp = spec["data"] * spec["fsdp"]
         assert run["batch_as_expected"], name
         assert {tuple(r) for r in run["batch_rows"].values()} == {
             (i * 8 // dp, (i + 1) * 8 // dp) for i in range(dp)
         }
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_shard_batch_passes_non_tensors_through(sharded):
+    for _spec, run, _name in _mesh_runs(sharded):
         assert run["note"] == "passes through"
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_tensor_parallel_weights_split_by_role(sharded):
+    family = sharded[0]
+    column, row = TP_ROLES[family]
+    for spec, run, name in _mesh_runs(sharded):
         if spec["model"] > 1:
             col_spec, row_spec = (
                 (["fsdp", "model"], ["model", "fsdp"])
@@ -518,38 +504,65 @@ def test_sharded_training_matches_unsharded(xla, family, meshes):
             )
             assert run["specs"][column] == col_spec, name
             assert run["specs"][row] == row_spec, name
-    loader, direct = result["loader_spec"]
-    assert loader == direct and loader.startswith("{devices=[4,1,2]"), result["loader_spec"]
-    errors = result["errors"]
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_device_loader_shards_batches_like_shard_batch(sharded):
+    loader, direct = sharded[2]["loader_spec"]
+    assert loader == direct and loader.startswith("{devices=[4,1,2]"), sharded[2]["loader_spec"]
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_shard_batch_refuses_a_batch_the_data_parallel_size_does_not_divide(sharded):
+    errors = sharded[2]["errors"]
     assert "batch size 6, not divisible by the data-parallel size data(2) x fsdp(2) = 4" in errors["batch"]
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_multislice_mesh_is_refused_on_cpu(sharded):
+    errors = sharded[2]["errors"]
     assert "multi-slice" in errors["multislice_on_cpu"].lower() or "slice" in errors["multislice_on_cpu"]
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_mesh_larger_than_the_devices_is_refused(sharded):
+    errors = sharded[2]["errors"]
     assert errors["too_big"] == "data(2) x fsdp(2) x model(4) = 16 != 8 devices"
 
 
+@pytest.fixture(scope="module")
+def refused_build(xla_scenario):
+    """tests/xla/spmd_after_device_use.py: MeshSpec.build() twice after the device was used
+    without SPMD.
+
+    torch_xla 2.9: use_spmd() after torch_xla.device() "works" and then segfaults at the next
+    execution (pytorch/xla#9735). build() must refuse instead, and say how to fix it."""
+    return xla_scenario("spmd_after_device_use")
+
+
 @pytest.mark.xla
-def test_build_refuses_once_the_device_was_used_without_spmd(xla):
-    # torch_xla 2.9: use_spmd() after torch_xla.device() "works" and then segfaults at the next
-    # execution (pytorch/xla#9735). build() must refuse instead, and say how to fix it.
-    result = xla(
-        """
-        import torch
-        from workbench.backend import runtime
-        from workbench.parallel.mesh import MeshError, MeshSpec
-        errors = []
-        runtime.device()  # only asks for the device: already fixes non-SPMD mode
-        for _ in range(2):
-            try:
-                MeshSpec(fsdp=8, data=1).build()
-                errors.append(None)
-            except MeshError as err:
-                errors.append(str(err))
-            x = torch.ones(4, 4, device=runtime.device())
-        emit({"errors": errors, "spmd": runtime.is_spmd(), "sum": float(x.sum())})
-        """
-    )
-    first, second = result["errors"]
+def test_build_refuses_once_the_device_was_used_without_spmd(refused_build):
+    first, _second = refused_build["errors"]
     assert first is not None and "already used without SPMD" in first and "pytorch/xla#9735" in first
-    assert "Restart the Python process" in first and "MeshSpec(...).build()" in first
-    assert "(0 XLA tensor(s) created" in first
+
+
+@pytest.mark.xla
+def test_build_refusal_says_how_to_fix_it(refused_build):
+    first, _second = refused_build["errors"]
+    assert first is not None and "Restart the Python process" in first and "MeshSpec(...).build()" in first
+
+
+@pytest.mark.xla
+def test_build_refusal_counts_the_xla_tensors_created(refused_build):
+    first, second = refused_build["errors"]
+    assert first is not None and "(0 XLA tensor(s) created" in first
     assert second is not None and re.search(r"\([1-9]\d* XLA tensor\(s\) created", second)
-    assert result["spmd"] is False and result["sum"] == 16.0  # the process itself stays usable
+
+
+@pytest.mark.xla
+def test_process_stays_usable_after_build_refuses(refused_build):
+    assert refused_build["spmd"] is False and refused_build["sum"] == 16.0

@@ -251,174 +251,159 @@ def test_auto_falls_back_and_says_why(monkeypatch):
     assert "device busy" in hw.notices[0] and "falling back" in hw.notices[0]
 
 
-@pytest.mark.xla
-@pytest.mark.slow
-def test_xla_fsdp_bucketed_run_compiles_nothing_after_warmup_and_accumulates_exactly(xla, tmp_path):
-    out = xla(f"""
-        import torch
-        from tests.test_train import tiny_cfg, token_dataset, _pad, _grads_of_one_step
-        from workbench.backend import runtime
-        from workbench.train.trainer import Trainer
-
-        mesh = {{"mesh.enabled": True, "mesh.data": 1, "mesh.fsdp": 8, "train.device_type": "xla"}}
-        cfg = tiny_cfg(**mesh, **{{
-            "train.batch_size": 8, "train.steps": 10, "train.log_every": 5, "train.eval_every": 5,
-            "train.checkpoint_dir": {str(tmp_path)!r}, "train.checkpoint_every": 5,
-        }})
-        trainer = Trainer(cfg, train_dataset=token_dataset(96), eval_dataset=token_dataset(16, 7))
-        result = trainer.fit()
-        shapes = sorted({{tuple(s) for s in trainer.sampler.batch_shapes()}}) if hasattr(trainer.sampler, "batch_shapes") else []
-        spec = runtime.sharding_spec(trainer.model.get_input_embeddings().weight)
-        eval_loss = trainer.evaluate()
-
-        # accumulation on XLA under FSDP: 4 x 8 rows vs 1 x 32 rows
-        data = token_dataset(32, seed=3)
-        rows = data["input_ids"]
-        big = _pad(rows, 32)
-        small = [_pad(rows[i : i + 8], 32) for i in range(0, 32, 8)]
-        dev = runtime.device()
-        from workbench.parallel.apply import shard_batch
-        one = _grads_of_one_step(tiny_cfg(**mesh, **{{"train.batch_size": 32, "train.max_grad_norm": None}}),
-                                 [shard_batch(big, trainer.mesh)])
-        four = _grads_of_one_step(tiny_cfg(**mesh, **{{"train.batch_size": 8, "train.grad_accum": 4, "train.max_grad_norm": None}}),
-                                  [shard_batch(b, trainer.mesh) for b in small])
-        worst = max(float(((a.cpu() - b.cpu()).abs().max() / (a.cpu().abs().max() + 1e-12))) for a, b in zip(one, four))
-
-        # distillation in the same loop: the teacher (wider) is sharded over the mesh like the student
-        from workbench.models.build import build_model
-        teacher = build_model(tiny_cfg(**{{"model.hidden_size": 64, "model.intermediate_size": 128}}).model, seed=5)
-        distill_cfg = tiny_cfg(**mesh, **{{"train.batch_size": 8, "train.steps": 4, "train.log_every": 2,
-                                          "train.distill_hidden_weight": 0.1}})
-        student_run = Trainer(distill_cfg, train_dataset=token_dataset(64), teacher=teacher)
-        distilled = student_run.fit()
-        teacher_spec = runtime.sharding_spec(teacher.get_input_embeddings().weight)
-        emit({{
-            "compiles_after_warmup": result.compiles_after_warmup,
-            "warmup_compiles": result.warmup_compiles,
-            "shapes": shapes,
-            "losses": [m["loss"] for m in result.history],
-            "eval_losses": [m["eval_loss"] for m in result.history],
-            "transfers": [m["transfers"] for m in result.history],
-            "recompiled": [m["recompiled"] for m in result.history],
-            "spec": spec,
-            "checkpoint": result.checkpoint_path,
-            "eval_loss": eval_loss,
-            "worst_rel_grad_diff": worst,
-            "distill_losses": [m["loss"] for m in distilled.history],
-            "distill_compiles_after_warmup": distilled.compiles_after_warmup,
-            "teacher_spec": teacher_spec,
-            "teacher_frozen": (not teacher.training) and not any(p.requires_grad for p in teacher.parameters()),
-        }})
-    """)
-    assert out["compiles_after_warmup"] == 0, out  # evals at steps 5 and 10 included
-    assert all(e is not None and e > 0 for e in out["eval_losses"])
-    assert not any(out["recompiled"])
-    assert out["losses"][-1] < out["losses"][0]
-    assert all(t <= 4 for t in out["transfers"]), out["transfers"]  # only the logged values, at log steps
-    assert "devices=" in out["spec"]  # the parameters really are sharded
-    assert out["checkpoint"].endswith("step-00000010")
-    assert out["eval_loss"] > 0
-    assert out["worst_rel_grad_diff"] < 1e-4
-    assert all(x == x for x in out["distill_losses"]) and out["distill_compiles_after_warmup"] == 0
-    assert "devices=" in out["teacher_spec"] and out["teacher_frozen"]
+@pytest.fixture(scope="module")
+def fsdp_run(xla_scenario, tmp_path_factory):
+    """tests/xla/fsdp_bucketed_run.py: a bucketed run under FSDP over 8 devices, accumulation vs
+    one large batch, and distillation from a sharded teacher, in one process."""
+    return xla_scenario("fsdp_bucketed_run", checkpoint_dir=str(tmp_path_factory.mktemp("fsdp-run")))
 
 
 @pytest.mark.xla
 @pytest.mark.slow
-def test_xla_fsdp_resume_from_sharded_checkpoint_matches_uninterrupted_run(xla, tmp_path):
-    out = xla(f"""
-        from tests.test_train import tiny_cfg, token_dataset
-        from workbench.train.trainer import Trainer
-
-        common = {{"mesh.enabled": True, "mesh.data": 1, "mesh.fsdp": 8, "train.device_type": "xla",
-                   "train.batch_size": 8, "train.steps": 6, "train.log_every": 1}}
-        data = token_dataset(48)
-        straight = [m["loss"] for m in Trainer(tiny_cfg(**common), train_dataset=data).fit().history]
-        # prewarm runs real steps on synthetic batches and restores the state: it must not change training
-        unwarmed = [m["loss"] for m in Trainer(tiny_cfg(**common, **{{"train.prewarm": False}}), train_dataset=data).fit().history]
-
-        class Crash(RuntimeError):
-            pass
-
-        def crash(metrics):
-            if metrics["step"] == 4:
-                raise Crash
-
-        cfg = tiny_cfg(**common, **{{"train.checkpoint_dir": {str(tmp_path)!r}, "train.checkpoint_every": 3}})
-        try:
-            Trainer(cfg, train_dataset=data, callbacks=[crash]).fit()
-        except Crash:
-            pass
-        resumed = Trainer(cfg, train_dataset=data).fit()
-        import os
-        files = sorted(os.listdir(resumed.checkpoint_path))
-        emit({{"straight": straight, "unwarmed": unwarmed, "resumed": [m["loss"] for m in resumed.history],
-               "steps": [m["step"] for m in resumed.history], "files": files,
-               "notices": resumed.notices, "compiles_after_warmup": resumed.compiles_after_warmup}})
-    """)
-    assert out["steps"] == [4, 5, 6]
-    assert any("resumed from" in n for n in out["notices"])
-    assert "model.dcp" in out["files"] and "optimizer.dcp" in out["files"]  # sharded through DCP
-    assert out["unwarmed"] == out["straight"]
-    assert out["resumed"] == pytest.approx(out["straight"][3:], rel=1e-6)
-    assert out["compiles_after_warmup"] == 0
+def test_xla_fsdp_bucketed_run_compiles_nothing_after_warmup(fsdp_run):
+    assert fsdp_run["compiles_after_warmup"] == 0, fsdp_run  # evals at steps 5 and 10 included
+    assert not any(fsdp_run["recompiled"])
 
 
 @pytest.mark.xla
 @pytest.mark.slow
-def test_xla_variants_compile_nothing_after_warmup(xla):
-    out = xla(
-        """
-        from tests.test_train import tiny_cfg, token_dataset
-        from workbench.train.trainer import Trainer
+def test_xla_fsdp_bucketed_run_evaluates_positive_losses(fsdp_run):
+    assert all(e is not None and e > 0 for e in fsdp_run["eval_losses"])
+    assert fsdp_run["eval_loss"] > 0
 
-        variants = {
-            "adafactor + bf16-mixed": {"train.optimizer": "adafactor", "train.precision": "bf16-mixed"},
-            "bf16 + checkpointing + accumulation": {
-                "train.precision": "bf16", "train.gradient_checkpointing": True,
-                "train.grad_accum": 2, "train.batch_size": 2,
-            },
-        }
-        results = {}
-        for name, opts in variants.items():
-            cfg = tiny_cfg(**{"train.device_type": "xla", "train.steps": 4, "train.log_every": 2}, **opts)
-            r = Trainer(cfg, train_dataset=token_dataset(32)).fit()
-            results[name] = {"after": r.compiles_after_warmup, "losses": [m["loss"] for m in r.history],
-                             "transfers": [m["transfers"] for m in r.history]}
-        emit(results)
-        """,
-        devices=1,
-    )
-    for name, r in out.items():
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_bucketed_run_loss_falls(fsdp_run):
+    assert fsdp_run["losses"][-1] < fsdp_run["losses"][0]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_bucketed_run_transfers_only_the_logged_values(fsdp_run):
+    assert all(t <= 4 for t in fsdp_run["transfers"]), fsdp_run["transfers"]  # only at log steps
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_bucketed_run_shards_the_parameters(fsdp_run):
+    assert "devices=" in fsdp_run["spec"]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_bucketed_run_checkpoints_the_last_step(fsdp_run):
+    assert fsdp_run["checkpoint"].endswith("step-00000010")
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_accumulation_gives_the_gradients_of_one_large_batch(fsdp_run):
+    assert fsdp_run["worst_rel_grad_diff"] < 1e-4  # 4 x 8 rows vs 1 x 32 rows
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_distillation_trains_without_recompiling(fsdp_run):
+    assert all(x == x for x in fsdp_run["distill_losses"]) and fsdp_run["distill_compiles_after_warmup"] == 0
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_distillation_teacher_is_sharded_and_frozen(fsdp_run):
+    assert "devices=" in fsdp_run["teacher_spec"] and fsdp_run["teacher_frozen"]
+
+
+@pytest.fixture(scope="module")
+def fsdp_resume(xla_scenario, tmp_path_factory):
+    """tests/xla/fsdp_resume.py: FSDP runs straight, without prewarm, and crashed at step 4 then
+    resumed from the step-3 sharded checkpoint."""
+    return xla_scenario("fsdp_resume", checkpoint_dir=str(tmp_path_factory.mktemp("fsdp-resume")))
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_resume_continues_after_the_last_checkpoint(fsdp_resume):
+    assert fsdp_resume["steps"] == [4, 5, 6]
+    assert any("resumed from" in n for n in fsdp_resume["notices"])
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_checkpoint_is_sharded_through_dcp(fsdp_resume):
+    assert "model.dcp" in fsdp_resume["files"] and "optimizer.dcp" in fsdp_resume["files"]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_prewarm_does_not_change_training(fsdp_resume):
+    assert fsdp_resume["unwarmed"] == fsdp_resume["straight"]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_resume_from_sharded_checkpoint_matches_uninterrupted_run(fsdp_resume):
+    assert fsdp_resume["resumed"] == pytest.approx(fsdp_resume["straight"][3:], rel=1e-6)
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_resumed_run_compiles_nothing_after_warmup(fsdp_resume):
+    assert fsdp_resume["compiles_after_warmup"] == 0
+
+
+@pytest.fixture(scope="module")
+def xla_variants(xla_scenario):
+    """tests/xla/trainer_variants.py on one device: adafactor + bf16-mixed; bf16 + gradient
+    checkpointing + accumulation."""
+    return xla_scenario("trainer_variants", devices=1)
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_variants_compile_nothing_after_warmup(xla_variants):
+    for name, r in xla_variants.items():
         assert r["after"] == 0, (name, r)
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_variants_losses_are_finite(xla_variants):
+    for name, r in xla_variants.items():
         assert all(x == x for x in r["losses"]), (name, r)
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_variants_transfer_only_the_logged_values(xla_variants):
+    for name, r in xla_variants.items():
         assert all(t <= 2 for t in r["transfers"]), (name, r)
 
 
-@pytest.mark.xla
-def test_logging_every_step_reads_loss_and_grad_norm_without_loop_transfers(xla):
-    """The profiler reads the loss and grad norm itself, outside the transfer count: a loop that
-    logs every step must not look like one with a `.item()` in it, and `lr` is the rate applied."""
-    out = xla(
-        """
-        from tests.test_train import tiny_cfg, token_dataset
-        from workbench.train.optim import lr_multiplier
-        from workbench.train.trainer import Trainer
+@pytest.fixture(scope="module")
+def logging_every_step(xla_scenario):
+    """tests/xla/logging_every_step.py: 5 steps on one device, logged every step.
 
-        cfg = tiny_cfg(**{"train.device_type": "xla", "train.steps": 5, "train.log_every": 1,
-                          "train.max_grad_norm": 1.0})
-        trainer = Trainer(cfg, train_dataset=token_dataset(32))
-        r = trainer.fit()
-        t = cfg.train
-        expected_lr = [t.learning_rate * lr_multiplier(s, warmup_steps=t.warmup_steps, total_steps=t.steps,
-                                                       min_lr_ratio=t.min_lr_ratio) for s in range(t.steps)]
-        emit({"transfers": [m["transfers"] for m in r.history], "grad_norms": [m["grad_norm"] for m in r.history],
-              "lr": [m["lr"] for m in r.history], "expected_lr": expected_lr,
-              "advice": [a.kind for a in trainer.profiler.advice()]})
-        """,
-        devices=1,
-    )
-    assert out["transfers"] == [0] * 5, out
-    assert all(g is not None and g > 0 for g in out["grad_norms"]), out
-    assert "host_transfer" not in out["advice"], out
-    assert out["lr"] == pytest.approx(out["expected_lr"]), out
+    The profiler reads the loss and grad norm itself, outside the transfer count: a loop that
+    logs every step must not look like one with a `.item()` in it, and `lr` is the rate applied."""
+    return xla_scenario("logging_every_step", devices=1)
+
+
+@pytest.mark.xla
+def test_logging_every_step_reads_loss_and_grad_norm_without_loop_transfers(logging_every_step):
+    assert logging_every_step["transfers"] == [0] * 5, logging_every_step
+
+
+@pytest.mark.xla
+def test_logging_every_step_reports_positive_grad_norms(logging_every_step):
+    assert all(g is not None and g > 0 for g in logging_every_step["grad_norms"]), logging_every_step
+
+
+@pytest.mark.xla
+def test_logging_every_step_gives_no_host_transfer_advice(logging_every_step):
+    assert "host_transfer" not in logging_every_step["advice"], logging_every_step
+
+
+@pytest.mark.xla
+def test_logging_every_step_reports_the_applied_learning_rate(logging_every_step):
+    assert logging_every_step["lr"] == pytest.approx(logging_every_step["expected_lr"]), logging_every_step
