@@ -112,7 +112,9 @@ def test_precision_checkpointing_attention_and_mesh_move_the_right_parts():
 
     sgd = estimate(TINY, batch_size=8, seq_len=64, optimizer="sgd")
     ada = estimate(TINY, batch_size=8, seq_len=64, optimizer="adafactor")
-    assert sgd.breakdown["optimizer"] == fp32.breakdown["optimizer"] / 2  # one momentum buffer, not two moments
+    assert (
+        sgd.breakdown["optimizer"] == fp32.breakdown["optimizer"] / 2
+    )  # one momentum buffer, not two moments
     assert 0 < ada.breakdown["optimizer"] < fp32.breakdown["optimizer"] / 10
 
 
