@@ -4,7 +4,7 @@ For each row of a matrix of tiny configs (family, global batch, length, activati
 checkpointing on/off, unsharded or FSDP over 8 virtual devices) this runs two real training
 steps on XLA:CPU with the compile memory log on, reads the compiler's analysis of the step
 program (inputs + non-aliased outputs + temporaries, per device) and sets
-`workbench.memory.estimate` (precision fp32: XLA:CPU's native precision) beside it.
+`workbench.analysis.estimate.estimate` (precision fp32: XLA:CPU's native precision) beside it.
 
 Unsharded and sharded rows run in separate subprocesses (SPMD must be switched on before the
 first XLA tensor). Prints a table and writes bench/results/memory.json.

@@ -196,7 +196,7 @@ def test_voila_page_updates_estimate_and_draws_dashboard(tmp_path):
 
                 # Points that arrive while the page is open come as live widget messages.
                 # 16 intervals on 5 panels, whatever the first count caught of the marker in flight.
-                # Known open issue: on a busy 2-core machine, about one Voila page in five never
+                # A known flake: on a busy 2-core machine, about one Voila page in five never
                 # takes live FigureWidget updates (the kernel ran the click and the dashboard's history
                 # holds 16 intervals; the page's plot keeps 12, and later batches do not arrive either;
                 # plotly 7.1 + anywidget 0.11 under Voila, cause not found). That page is reported,

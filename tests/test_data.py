@@ -1,4 +1,4 @@
-"""The embedded corpus, the local tokenizer, record loading, chat rendering and host sharding."""
+"""The embedded corpus, the local tokenizer, record loading, chat rendering and the dataset builder."""
 
 from __future__ import annotations
 
@@ -221,23 +221,29 @@ def test_chat_sample_tokenises_with_masked_prompts(tokenizer):
 # ---- hosts and the builder --------------------------------------------------------------------
 
 
-def test_shard_for_host_covers_every_example_once():
-    import datasets
+def test_build_datasets_gives_every_host_an_equal_share(tokenizer, cache_dir, monkeypatch):
+    from workbench.backend import runtime
+    from workbench.data import records
 
-    ds = datasets.Dataset.from_dict({"i": list(range(23))})
-    seen = []
+    # The process facts come from the runtime only once it runs: building data never starts it.
+    monkeypatch.setattr(runtime, "runtime_started", lambda: False)
+    assert records._host_share() == (1, 0)
+    monkeypatch.setattr(runtime, "runtime_started", lambda: True)
+    monkeypatch.setattr(runtime, "xla_process_count", lambda: 4)
+    monkeypatch.setattr(runtime, "xla_process_index", lambda: 2)
+    assert records._host_share() == (4, 2)
+
+    cfg = WorkbenchConfig().with_overrides(["data.max_examples=103", "data.eval_fraction=0"])
+    monkeypatch.setattr(records, "_host_share", lambda: (1, 0))
+    whole = data.build_datasets(cfg, tokenizer, cache_dir=cache_dir)[0]
+    shares = []
     for index in range(4):
-        seen.extend(data.shard_for_host(ds, 4, index)["i"])
-    assert sorted(seen) == list(range(23))
-    assert [data.host_shard_bounds(23, 4, i) for i in range(4)] == [(0, 6), (6, 12), (12, 18), (18, 23)]
-    assert data.shard_for_host(list(range(23)), 4, 3) == list(range(18, 23))
-    assert data.shard_for_host(ds, 1, 0) is ds
-    with pytest.raises(ValueError, match="3 examples cannot give each of 4 hosts at least one"):
-        data.shard_for_host([1, 2, 3], 4, 3)
-    with pytest.raises(ValueError, match="process_index=4"):
-        data.shard_for_host(ds, 4, 4)
-    with pytest.raises(ValueError, match="num_processes=0"):
-        data.shard_for_host(ds, 0, 0)
+        monkeypatch.setattr(records, "_host_share", lambda index=index: (4, index))
+        shares.append(data.build_datasets(cfg, tokenizer, cache_dir=cache_dir)[0])
+    share = len(whole) // 4
+    assert [len(s) for s in shares] == [share] * 4  # equal: no host runs an extra step
+    # contiguous and disjoint, in the seeded order; the remainder (< 4 examples) is left out
+    assert [ids for s in shares for ids in s["input_ids"]] == whole["input_ids"][: 4 * share]
 
 
 def test_build_datasets_end_to_end(tokenizer, cache_dir):

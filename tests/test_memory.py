@@ -1,5 +1,6 @@
-"""Tests for workbench/memory.py: the estimate's arithmetic, the batch finder, the OOM retry,
-and (on XLA:CPU) the estimate against the compiler's own memory analysis of the real step."""
+"""Memory: the estimate's arithmetic (analysis/estimate.py), the batch finder (analysis/batch.py),
+the tables (analysis/tables.py), the OOM retry (train/oom.py), and (on XLA:CPU) the estimate
+against the compiler's own memory analysis of the real step (analysis/probe.py)."""
 
 from __future__ import annotations
 

@@ -103,10 +103,24 @@ def test_dataset_shards_are_equal_disjoint_and_cover_all_but_the_remainder():
     assert [len(p) for p in parts] == [25] * 4
     texts = [t for p in parts for t in p["text"]]
     assert len(set(texts)) == 100
+    assert [host_shard_bounds(23, 4, i) for i in range(4)] == [(0, 5), (5, 10), (10, 15), (15, 20)]
+    assert shard_for_host(table, 1, 0) is table
     with pytest.raises(MultiHostError, match=r"process_index=4 is not allowed: must be in \[0, 4\)"):
         host_shard_bounds(103, 4, 4)
-    with pytest.raises(MultiHostError, match="3 examples cannot give each of 4 hosts at least one"):
-        shard_for_host([1, 2, 3], 4, 0)
+    with pytest.raises(MultiHostError, match="num_processes=0 is not allowed"):
+        shard_for_host(rows, num_processes=0, process_index=0)
+    with pytest.raises(ValueError, match="3 examples cannot give each of 4 hosts at least one"):
+        shard_for_host([1, 2, 3], 4, 0)  # a MultiHostError is a ValueError
+
+
+def test_dataset_share_defaults_to_this_process(no_runtime):
+    no_runtime.setenv("TPU_WORKER_ID", "2")
+    no_runtime.setenv("TPU_WORKER_COUNT", "4")
+    rows = list(range(103))
+    assert shard_for_host(rows) == list(range(50, 75))
+    assert shard_for_host(rows, process_index=0) == list(range(25))
+    with pytest.raises(MultiHostError, match=r"process_index=2 is not allowed: must be in \[0, 2\)"):
+        shard_for_host(rows, num_processes=2)
 
 
 def test_pod_launch_command_is_quoted_for_both_shells():

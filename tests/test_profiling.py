@@ -1,6 +1,6 @@
-"""Tests for workbench/profiling.py: FLOPs against hand calculations for published configs,
-the profiler's intervals/exports on the plain CPU, and on XLA:CPU: no sync between log
-intervals (transfer counts), compile counting, and each advice provoked by its cause."""
+"""Profiling (analysis/flops.py, profiler.py, trace.py): FLOPs against hand calculations for
+published configs, the profiler's intervals/exports on the plain CPU, and on XLA:CPU: no sync
+between log intervals (transfer counts), compile counting, and each advice provoked by its cause."""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Before and during a run: memory estimates and batch search, FLOPs and MFU, the step profiler."""
+"""Before and during a run: memory estimates and batch search, FLOPs and MFU, the step profiler.
+
+Before: `estimate` (memory of one step), `batch` (the largest batch that fits), `probe` (the
+compiler's own figure), `tables`. During: `flops` (FLOPs, MFU), `profiler` (`StepProfiler`,
+advice), `metrics` (the metrics contract), `trace` (profiler traces).
+"""
 
 from workbench.analysis.batch import find_batch_size, max_batch_size
 from workbench.analysis.estimate import MemoryEstimate, estimate, model_shape

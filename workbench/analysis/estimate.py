@@ -1,4 +1,4 @@
-"""[from memory] Will it fit? Per-device memory of one training step, estimated before anything compiles.
+"""Will it fit? Per-device memory of one training step, estimated before anything compiles.
 
 `estimate` adds up, per device, what a training step holds at its peak: parameters,
 gradients, optimizer state, the activations saved for the backward pass (a per-layer
@@ -23,17 +23,18 @@ gradients: HF upcasts logits to fp32 for the loss). With checkpointing a layer k
 its input, and one layer at a time is recomputed in the backward pass.
 
 The estimate was checked against the XLA compiler's own memory analysis of the real
-training step on XLA:CPU (``bench/memory.py``, `compiled_step_memory`); the table and the
-rows that miss are in the issue note. Two things the compiler does that a formula cannot see:
-under FSDP it keeps the all-gathered weights alive between forward and backward (counted here
-as one full copy, ``gathered_params``), and on XLA:CPU checkpointing saves almost nothing:
-its optimizer pipeline removes the optimization barriers torch_xla's checkpoint inserts, and
-the compiled step keeps about as much as an unchecked one (also with CSE switched off). The
-estimate models checkpointing as it is meant to work, so checkpointed rows on XLA:CPU miss.
+training step on XLA:CPU (``bench/memory.py`` prints both side by side and writes
+``bench/results/memory.json``; the compiler's figure comes from
+`workbench.analysis.probe.compiled_step_memory`). Two things the compiler does that a formula
+cannot see: under FSDP it keeps the all-gathered weights alive between forward and backward
+(counted here as one full copy, ``gathered_params``), and on XLA:CPU checkpointing saves almost
+nothing: its optimizer pipeline removes the optimization barriers torch_xla's checkpoint
+inserts, and the compiled step keeps about as much as an unchecked one (also with CSE switched
+off). The estimate models checkpointing as it is meant to work, so checkpointed rows on XLA:CPU
+miss.
 
-Also here: the largest batch that fits (`max_batch_size`, `find_batch_size`, which can
-confirm with the compiled program's own figure), and a retry on out-of-memory that halves
-the micro-batch and doubles gradient accumulation (`run_with_oom_retry`).
+The model's shape comes from the family registry (`model_shape`, `workbench.models.families`);
+the largest batch that fits is `workbench.analysis.batch`'s question.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from typing import Any, Literal
 
 from workbench.models.families import FAMILIES, FAMILY_NAMES
 
-# sharding imports only `workbench.runtime` (no torch_xla at import time) and nothing imports
-# memory back, so the mesh sizes, the batch rule and the byte formatter come from one place
+# The mesh sizes and the batch divisibility rule are the mesh's own, so the estimate refuses
+# exactly the batches `workbench.parallel.apply.shard_batch` would.
 from workbench.parallel.mesh import axis_sizes_of, batch_size_problem, data_parallel_size
 from workbench.units import GiB, format_bytes
 

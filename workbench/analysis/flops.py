@@ -1,15 +1,9 @@
-"""[from profiling] How fast does it train, against the chip's peak, and why not faster?
+"""Training FLOPs and MFU: how fast a run trains against the chip's peak.
 
-- `training_flops_per_token` / `mfu`: model FLOPs utilisation from `HardwareInfo`'s peak.
-- `StepProfiler`: called once per optimizer step; every `log_every` steps it returns one
-  metrics dict (the keys the trainer's callbacks and the dashboard read: `METRIC_KEYS`).
-  Between log intervals it touches only host-side counters (torch_xla's metrics, a clock),
-  never a device tensor, so it forces no device sync; at the log interval it reads the loss
-  once (one device->host transfer). It keeps the history (JSON/CSV export) and turns what it
-  saw into `Advice`: recompilation after warm-up, a device->host transfer every step, low
-  MFU, memory near the limit, steps waiting on input.
-- `trace`: a profiler trace of N steps after warm-up, in a directory TensorBoard reads
-  (torch_xla's profiler on TPU, `torch.profiler` on CPU and GPU).
+`training_flops_per_token` counts the model FLOPs of one trained token (PaLM's
+``6 N + 12 L H Q T``, from the family's shape); `mfu` turns a measured throughput into model
+FLOPs utilisation against the peak of all the run's devices (`HardwareInfo`'s, from the chip
+table).
 """
 
 from __future__ import annotations

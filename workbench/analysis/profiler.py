@@ -1,15 +1,13 @@
-"""[from profiling] How fast does it train, against the chip's peak, and why not faster?
+"""The step profiler: how fast a run trains, measured without slowing it, and why it is not faster.
 
-- `training_flops_per_token` / `mfu`: model FLOPs utilisation from `HardwareInfo`'s peak.
-- `StepProfiler`: called once per optimizer step; every `log_every` steps it returns one
-  metrics dict (the keys the trainer's callbacks and the dashboard read: `METRIC_KEYS`).
-  Between log intervals it touches only host-side counters (torch_xla's metrics, a clock),
-  never a device tensor, so it forces no device sync; at the log interval it reads the loss
-  once (one device->host transfer). It keeps the history (JSON/CSV export) and turns what it
-  saw into `Advice`: recompilation after warm-up, a device->host transfer every step, low
-  MFU, memory near the limit, steps waiting on input.
-- `trace`: a profiler trace of N steps after warm-up, in a directory TensorBoard reads
-  (torch_xla's profiler on TPU, `torch.profiler` on CPU and GPU).
+`StepProfiler` is called once per optimizer step; every `log_every` steps it returns one
+metrics dict, the `IntervalMetrics` of `workbench.analysis.metrics` (speed, MFU from
+`workbench.analysis.flops`, compiles, transfers, memory, input wait). Between log intervals it
+touches only host-side counters (torch_xla's metrics, a clock), never a device tensor, so it
+forces no device sync; at the log interval it reads the loss once (one device->host transfer).
+It keeps the history (JSON/CSV export) and turns what it saw into `Advice`: recompilation
+after warm-up, a device->host transfer every step, low MFU, memory near the limit, steps
+waiting on input.
 """
 
 from __future__ import annotations
@@ -62,8 +60,9 @@ class StepProfiler:
     `flops_per_token`: from `training_flops_per_token`, for MFU. `peak_flops`: total peak over
     all devices, overriding `hw` (the CPU has none in the chip table). `memory_limit_bytes`:
     per-device memory to compare usage against (default: what the device or `hw` reports).
-    `memory_estimate_bytes`: e.g. `memory.estimate(...).total_bytes`, used for the memory advice
-    where the device reports no usage (XLA:CPU) and no compiled-program figure is logged.
+    `memory_estimate_bytes`: e.g. `analysis.estimate.estimate(...).total_bytes`, used for the
+    memory advice where the device reports no usage (XLA:CPU) and no compiled-program figure
+    is logged.
     `warmup_steps`: compiles up to this step are expected; later ones are recompilations.
     `sync_at_log`: at a log step with no loss to read, wait for the device so the interval's
     time is the device's, not the host's.
@@ -283,7 +282,7 @@ class StepProfiler:
                     Advice(
                         "low_mfu",
                         f"MFU {100 * mean_mfu:.1f}% (below {100 * self.low_mfu_threshold:.0f}%): the chip is "
-                        "mostly idle. The batch is probably too small: raise the batch size (memory.max_batch_size "
+                        "mostly idle. The batch is probably too small: raise the batch size (analysis.batch.max_batch_size "
                         "says how far), use longer sequences or packing, and check the other advice.",
                         {"mfu": mean_mfu, "intervals": len(steady)},
                     )

@@ -1,39 +1,10 @@
-"""[from memory] Will it fit? Per-device memory of one training step, estimated before anything compiles.
+"""Memory estimates as tables: over batch sizes and lengths, over hardware targets, as aligned text.
 
-`estimate` adds up, per device, what a training step holds at its peak: parameters,
-gradients, optimizer state, the activations saved for the backward pass (a per-layer
-formula for the family's attention and MLP, with and without materialised attention
-scores, with and without activation checkpointing), the logits and loss temporaries, and
-the batch itself. A mesh (`MeshSpec` sizes; nothing is built) divides parameters, gradients
-and optimizer state over ``fsdp x model`` and the batch over ``data x fsdp``.
-
-The activation formula counts the tensors autograd saves in the `transformers`
-implementations, per token of one layer (H hidden, h heads of size d, I MLP width, T length):
-
-    H                 the layer input (all that checkpointing keeps)
-    2H + 2H           each norm's input and normalised output (kept in fp32 by HF norms)
-    4hd               q, k and v after repeat_kv (GQA materialises k and v for every head),
-                      and the attention output that feeds o_proj
-    hT                the softmax probabilities, when attention is materialised ("eager");
-                      a flash/fused kernel keeps only a per-head log-sum-exp
-    4I (gated MLP)    gate, up, act(gate), act(gate)*up; 2I for a plain MLP (GPT-2)
-
-and the loss keeps 4 vocab-sized fp32 tensors per token (logits, log-softmax and the two
-gradients: HF upcasts logits to fp32 for the loss). With checkpointing a layer keeps only
-its input, and one layer at a time is recomputed in the backward pass.
-
-The estimate was checked against the XLA compiler's own memory analysis of the real
-training step on XLA:CPU (``bench/memory.py``, `compiled_step_memory`); the table and the
-rows that miss are in the issue note. Two things the compiler does that a formula cannot see:
-under FSDP it keeps the all-gathered weights alive between forward and backward (counted here
-as one full copy, ``gathered_params``), and on XLA:CPU checkpointing saves almost nothing:
-its optimizer pipeline removes the optimization barriers torch_xla's checkpoint inserts, and
-the compiled step keeps about as much as an unchecked one (also with CSE switched off). The
-estimate models checkpointing as it is meant to work, so checkpointed rows on XLA:CPU miss.
-
-Also here: the largest batch that fits (`max_batch_size`, `find_batch_size`, which can
-confirm with the compiled program's own figure), and a retry on out-of-memory that halves
-the micro-batch and doubles gradient accumulation (`run_with_oom_retry`).
+`estimate_table` gives one row per (batch size, sequence length) with the total and its
+largest parts; `fit_across_targets` one row per hardware target (does the model train there
+with FSDP over all its devices, and how large a batch fits); `format_table` prints rows of
+dicts as an aligned text table. The figures are `workbench.analysis.estimate`'s and
+`workbench.analysis.batch`'s.
 """
 
 from __future__ import annotations
@@ -44,9 +15,6 @@ from typing import Any
 from workbench.analysis.batch import max_batch_size
 from workbench.analysis.estimate import estimate
 from workbench.units import GiB
-
-# sharding imports only `workbench.runtime` (no torch_xla at import time) and nothing imports
-# memory back, so the mesh sizes, the batch rule and the byte formatter come from one place
 
 
 def estimate_table(

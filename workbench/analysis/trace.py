@@ -1,15 +1,8 @@
-"""[from profiling] How fast does it train, against the chip's peak, and why not faster?
+"""Profiler traces: N training steps after warm-up, captured into a directory TensorBoard reads.
 
-- `training_flops_per_token` / `mfu`: model FLOPs utilisation from `HardwareInfo`'s peak.
-- `StepProfiler`: called once per optimizer step; every `log_every` steps it returns one
-  metrics dict (the keys the trainer's callbacks and the dashboard read: `METRIC_KEYS`).
-  Between log intervals it touches only host-side counters (torch_xla's metrics, a clock),
-  never a device tensor, so it forces no device sync; at the log interval it reads the loss
-  once (one device->host transfer). It keeps the history (JSON/CSV export) and turns what it
-  saw into `Advice`: recompilation after warm-up, a device->host transfer every step, low
-  MFU, memory near the limit, steps waiting on input.
-- `trace`: a profiler trace of N steps after warm-up, in a directory TensorBoard reads
-  (torch_xla's profiler on TPU, `torch.profiler` on CPU and GPU).
+`trace` runs the warm-up steps first, so their compiles stay out of the trace, then captures
+the measured steps with torch_xla's profiler on TPU (its server, started once per process,
+and a capture in the background) or with `torch.profiler` on CPU and GPU, XLA:CPU included.
 """
 
 from __future__ import annotations

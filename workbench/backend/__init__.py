@@ -1,5 +1,6 @@
-"""What the run executes on: the torch_xla seam (`runtime`), hardware detection and multi-host processes.
+"""What the run executes on: the torch_xla seam (`runtime`), hardware detection (`hardware`),
+the machines a config can be planned for (`targets`) and multi-host processes (`multihost`).
 
-The bottom layer: nothing here imports the rest of the workbench, and `runtime` is the one
-module that imports torch_xla.
+The bottom layer: it uses only `workbench.units` and `workbench.config` of the rest of the
+workbench, and `runtime` is the one module that imports torch_xla.
 """

@@ -1,4 +1,4 @@
-"""[from hardware] Hardware detection: which backend runs the work, on how many chips, of what kind.
+"""Hardware detection: which backend runs the work, on how many chips, of what kind.
 
 `detect()` walks an ordered fallback, TPU (through torch_xla) -> CUDA -> XLA on the CPU
 (when ``PJRT_DEVICE=CPU`` asks for it) -> plain CPU, and returns a frozen `HardwareInfo`.

@@ -1,14 +1,18 @@
-"""[from multihost] Helpers for runs that span several hosts (TPU pods such as v4-32): who am I, what is my share.
+"""Runs that span several hosts (TPU pods such as v4-32): which process is this, and what is its share.
 
 On a pod every worker runs the same script; each is one *process* with its own index. This
 module answers "which process is this" (`process_index`, `process_count`, `is_main`), prints
-once per run (`print_on_main`), splits a global batch and a dataset between hosts with
-errors when they do not divide, and writes the ``gcloud`` command that starts the same run on
-every worker (`pod_launch_command`: printed for the user, never executed here).
+once per run (`print_on_main`), splits a global batch (`per_host_batch_size`) and a dataset
+(`host_shard_bounds`, `shard_for_host`) between hosts with errors when they do not divide, and
+writes the ``gcloud`` command that starts the same run on every worker (`pod_launch_command`:
+printed for the user, never executed here).
 
 Process facts come from the XLA runtime when it is (or should be) in use, else from the
 launcher's environment (``TPU_WORKER_ID``, torchrun's ``RANK``/``WORLD_SIZE``), else a single
 process. Asking the runtime starts it, which leaves SPMD still possible (no tensor is created).
+
+Dataset shares are always equal: a host with one more batch than the others would run one
+more step and wait forever for them at the next collective.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from workbench.backend import runtime
-from workbench.parallel.mesh import nearby_multiples  # imports only runtime: no cycle, starts nothing
+from workbench.units import nearby_multiples
 
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo
@@ -56,7 +60,7 @@ def _env_int(names: Sequence[str]) -> int | None:
 def process_index() -> int:
     """This process's index (0 on a single host). Process 0 is the main one."""
     if _use_runtime():
-        return runtime.process_index()
+        return runtime.xla_process_index()
     value = _env_int(_INDEX_VARS)
     return 0 if value is None else value
 
@@ -64,7 +68,7 @@ def process_index() -> int:
 def process_count() -> int:
     """How many processes take part (one per host on a TPU pod; 1 on Colab/Kaggle)."""
     if _use_runtime():
-        return runtime.process_count()
+        return runtime.xla_process_count()
     value = _env_int(_COUNT_VARS)
     return 1 if value is None else value
 
@@ -116,29 +120,44 @@ def per_host_batch_size(
     return global_batch_size // hosts
 
 
-def host_shard_bounds(length: int, num_processes: int, index: int) -> tuple[int, int]:
-    """[start, stop) of host `index`'s contiguous share; every host gets length // num_processes.
+def host_shard_bounds(length: int, num_processes: int, process_index: int) -> tuple[int, int]:
+    """[start, stop) of host `process_index`'s contiguous share of `length` examples.
 
-    Equal shares matter: a host with one extra batch would run one extra step and wait forever
-    for the others at the next collective. The remainder (< num_processes examples) is dropped.
+    Every host gets ``length // num_processes`` examples, so every host runs the same number of
+    steps (one more batch on one host would leave it waiting for the others at the next
+    collective). The remainder, fewer than `num_processes` examples at the end, is left out.
     """
-    try:
-        return host_shard_bounds(length, num_processes, index, equal_shares=True)
-    except ValueError as err:
-        raise MultiHostError(str(err)) from None
+    if num_processes < 1:
+        raise MultiHostError(f"num_processes={num_processes} is not allowed: must be >= 1")
+    if not 0 <= process_index < num_processes:
+        raise MultiHostError(f"process_index={process_index} is not allowed: must be in [0, {num_processes})")
+    share = length // num_processes
+    if share == 0:
+        raise MultiHostError(f"{length} examples cannot give each of {num_processes} hosts at least one")
+    return process_index * share, (process_index + 1) * share
 
 
-def shard_for_host(dataset: Any, num_processes: int | None = None, index: int | None = None) -> Any:
+def shard_for_host(dataset: Any, num_processes: int | None = None, process_index: int | None = None) -> Any:
     """This host's equal, contiguous share of `dataset` (a `datasets.Dataset` or a sequence).
 
-    The process count and index default to this run's (`process_count`, `process_index`).
+    The process count and index default to this run's (`process_count`, `process_index`);
+    the share is `host_shard_bounds`'.
     """
-    n = process_count() if num_processes is None else int(num_processes)
-    i = process_index() if index is None else int(index)
-    try:
-        return shard_for_host(dataset, n, i, equal_shares=True)
-    except ValueError as err:
-        raise MultiHostError(str(err)) from None
+    if num_processes is None or process_index is None:
+        count, index = _this_process()
+        num_processes = count if num_processes is None else num_processes
+        process_index = index if process_index is None else process_index
+    start, stop = host_shard_bounds(len(dataset), int(num_processes), int(process_index))
+    if start == 0 and stop == len(dataset):
+        return dataset
+    if hasattr(dataset, "select"):  # datasets.Dataset
+        return dataset.select(range(start, stop))
+    return dataset[start:stop]
+
+
+def _this_process() -> tuple[int, int]:
+    """(process count, process index) of this run; the parameters of `shard_for_host` hide the names."""
+    return process_count(), process_index()
 
 
 # ---- launching on every worker of a pod ----------------------------------------------

@@ -1,19 +1,30 @@
-"""[from runtime] The one seam between the workbench and torch_xla.
+"""The one seam between the workbench and torch_xla.
 
 Every ``import torch_xla`` in the package lives in this module, behind small functions,
 so a successor backend (TorchTPU, say) can slot in by reimplementing this file alone.
 Nothing here runs at import time: importing ``workbench`` never starts the XLA runtime.
 Functions that need the runtime import torch_xla on first use; the others
-(`xla_installed`, `xla_imported`, `env_requests_xla`) only look.
+(`xla_installed`, `xla_imported`, `env_requests_xla`, `tpu_pci_chips`, `tpu_present`,
+`runtime_started`, `spmd_config_locked`) only look.
 
 What the rest of the package may ask of the backend:
 
-- availability: `xla_installed`, `xla_imported`, `env_requests_xla`, `tpu_present`
-- runtime facts: `runtime_summary` (device type and counts, device kinds, process index/count)
-- execution: `device`, `sync`, `add_step_closure`, `device_loader`, `wait_device_ops`
-- SPMD: `use_spmd`, `is_spmd`, `spmd_mesh`, `mark_sharding`, `sharding_spec`, `local_shard_shapes`
-- measurement: `compile_count`, `compile_time_s`, `transfer_count`, `metrics_snapshot`,
-  `clear_metrics`, `memory_info`, `metrics_report`
+- availability: `xla_installed`, `xla_imported`, `env_requests_xla`, `tpu_pci_chips`,
+  `tpu_present`
+- runtime facts: `runtime_summary` (`RuntimeSummary`: device type and counts, device kind,
+  process index/count, memory limit), `runtime_started`, `global_device_count`,
+  `xla_process_index`, `xla_process_count`
+- execution: `device`, `sync`, `wait_device_ops`, `add_step_closure`, `device_loader`,
+  `close_device_iterator`, `to_cpu`, `is_xla_tensor`
+- SPMD: `use_spmd`, `is_spmd`, `spmd_config_locked`, `xla_tensors_created`, `spmd_mesh`,
+  `hybrid_mesh`, `mark_sharding`, `batch_sharding_spec`, `copy_sharding`, `sharding_spec`,
+  `local_shard_shapes`, `local_shard_indices`
+- measurement: `compile_count`, `compile_time_s`, `transfer_count`, `execute_count`,
+  `metrics_snapshot`, `clear_metrics`, `metrics_report`, `memory_info`
+- compiled-program memory: `enable_compile_memory_log`, `compile_memory_log_path`,
+  `compiled_memory_records` (`CompiledMemory`), `compile_only`
+- training: `gradient_checkpoint_function`, `rng_state`, `set_rng_state`,
+  `spmd_save_planner`, `spmd_load_planner` (sharded checkpoints)
 - profiler: `profiler` (the module; TPU traces)
 """
 
@@ -315,7 +326,7 @@ def local_shard_shapes(tensor: Any) -> list[tuple[int, ...]]:
     return [tuple(shard.shape) for shard, _device in shards]
 
 
-# ---- SPMD additions (issue 4: sharding/multihost) ------------------------------------
+# ---- devices, processes and shards across hosts --------------------------------------
 
 
 def global_device_count() -> int:
@@ -323,13 +334,21 @@ def global_device_count() -> int:
     return int(_xr().global_runtime_device_count())
 
 
-def process_index() -> int:
-    """This process's index among the processes of the run (starts the runtime)."""
+def xla_process_index() -> int:
+    """This process's index as the XLA runtime numbers it (starts the runtime).
+
+    `workbench.backend.multihost.process_index` is the one to ask: it falls back to the
+    launcher's environment where the runtime is not in use.
+    """
     return int(_xr().process_index())
 
 
-def process_count() -> int:
-    """Processes taking part in the run, one per host on a TPU pod (starts the runtime)."""
+def xla_process_count() -> int:
+    """Processes the XLA runtime knows in the run, one per host on a TPU pod (starts the runtime).
+
+    `workbench.backend.multihost.process_count` is the one to ask: it falls back to the
+    launcher's environment where the runtime is not in use.
+    """
     return int(_xr().process_count())
 
 
@@ -429,7 +448,7 @@ def profiler() -> Any:
     return xp
 
 
-# ---- compiled-program memory, checkpointing, tracing (issue 5: memory/profiling) -----
+# ---- compiled-program memory and activation checkpointing ----------------------------
 
 
 @dataclass(frozen=True)
@@ -526,7 +545,7 @@ def gradient_checkpoint_function() -> Callable[..., Any]:
     return xla_checkpoint.checkpoint
 
 
-# ---- training-loop helpers (issue 6: train/checkpoint) -------------------------------
+# ---- the training loop: host copies, RNG state, sharded checkpoints ------------------
 
 
 def to_cpu(tensors: Sequence[Any]) -> list[Any]:

@@ -1,37 +1,20 @@
-"""[from bucketing] Planned sequence shapes: bucket boundaries, bucketed batches, packing and compile prewarm.
+"""Collators: examples to host tensors, padded to their bucket boundary or packed into fixed-length rows.
 
-XLA compiles one program per input shape. Raw variable-length batches recompile at every new
-length; padding everything to the maximum compiles once but spends most FLOPs on padding. This
-module turns the set of shapes into a planned, measured quantity:
+`BucketCollator` pads ``input_ids``/``attention_mask``/``labels`` to the boundary of the
+batch's bucket (or, without boundaries, to its longest member rounded up to ``multiple_of``).
+Padding positions get the label `IGNORE_INDEX`, so they add nothing to the loss.
 
-- `plan_buckets` chooses at most K padded lengths ("boundaries") for a length distribution.
-  Strategy "optimal" is an exact dynamic programme: it returns the boundaries (multiples of
-  ``multiple_of``) with the fewest padded tokens possible, over the histogram of distinct
-  rounded-up lengths (so 1,000,000 lengths cost what their few thousand distinct values cost),
-  with a monotone convex-hull trick making each of the K layers linear in the distinct values.
-- `BucketBatchSampler` groups indices by bucket, batches inside a bucket, and knows every
-  (batch, length) shape it can emit (`batch_shapes`), so `prewarm` compiles them all up front.
-- `BucketCollator` pads ``input_ids``/``attention_mask``/``labels`` to the bucket boundary.
-- `pack_sequences` / `PackedCollator` put several sequences in one fixed-length row instead.
-- `make_loader` builds the loader the training loop uses from ``cfg.bucketing``.
+Packing puts several sequences in one row of fixed length instead: `pack_plan` groups them
+(best-fit decreasing), `pack_sequences` builds the rows, `packing_efficiency` says how full
+they are and `PackedCollator` turns a batch of rows into tensors. Packing keeps sequences
+apart under eager attention (what `workbench.models.build_model` uses on XLA) in one of two
+ways, both checked against per-sequence losses in the tests:
 
-**Boundaries are fitted to sequence lengths, not to per-batch maxima.** The sampler forms
-batches *inside* a bucket and the collator pads every batch of bucket ``j`` to boundary
-``b_j``, whatever its members are, so each sequence costs exactly its bucket boundary: the
-padded-token count of an epoch is ``sum(boundary(length_i))`` over the sequences (plus the
-remainders dropped to keep shapes fixed), which is what the planner minimises. Per-batch maxima
-would be the right target only for batches formed first and padded to their longest member
-(strategy "none"); their maxima depend on the shuffle, change every epoch and give one shape
-per distinct maximum — the recompilation this module exists to avoid.
-
-Packing keeps sequences apart under eager attention (what `workbench.models.build_model` uses
-on XLA) in one of two ways, both checked against per-sequence losses in the tests:
-
-- ``attention="position_ids"`` (default with transformers >= 4.53 and torch >= 2.6): the batch carries no
-  ``attention_mask`` and ``position_ids`` that restart at 0 for each sequence; transformers'
-  ``masking_utils`` then detects the packed format (``find_packed_sequence_indices``) and builds
-  the block-diagonal causal mask on the device. Only ``batch x length`` integers cross to the
-  device. transformers does this only without a KV cache: call the model with
+- ``attention="position_ids"`` (default with transformers >= 4.53 and torch >= 2.6): the batch
+  carries no ``attention_mask`` and ``position_ids`` that restart at 0 for each sequence;
+  transformers' ``masking_utils`` then detects the packed format
+  (``find_packed_sequence_indices``) and builds the block-diagonal causal mask on the device.
+  Only ``batch x length`` integers cross to the device. transformers does this only without a KV cache: call the model with
   ``use_cache=False`` (the trainer does; with a cache the rows' sequences would see each other).
   Under torch < 2.6 transformers detects the packing but does not apply it (its mask functions
   need torch >= 2.6), so the default there is "mask4d".
@@ -54,9 +37,6 @@ import numpy as np
 import torch
 
 from workbench.data.buckets import round_up
-
-# One definition, in the module that is cheap to import (data.py imports nothing heavy at the
-# top, and nothing from here, so there is no cycle); re-exported below for existing importers.
 from workbench.data.records import IGNORE_INDEX
 
 # ---- collators -------------------------------------------------------------------------------

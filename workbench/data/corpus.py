@@ -1,4 +1,4 @@
-"""[from data] Text in, token ids out: the embedded corpus, a locally trained tokenizer, user data, chat SFT records.
+"""The text the defaults train on, shipped with Python: the embedded corpus and the chat sample.
 
 **The embedded corpus** (`embedded_corpus`) is real English technical prose that ships with
 Python itself, so the defaults need no download: the 79 topics of ``pydoc_data.topics`` (the
@@ -12,26 +12,10 @@ included) are long-tailed: median ~125, p90 ~240, p99 ~295, max ~430, about 4% a
 default ``data.max_length`` of 256 — short docstrings next to long reference sections.
 That spread is what makes bucketing matter.
 
-**The tokenizer** (`get_tokenizer`) is a byte-level BPE trained with ``tokenizers`` on that
-corpus (deterministic: same corpus and size, same vocabulary), wrapped as a
-``transformers.PreTrainedTokenizerFast`` with ``<|bos|>``, ``<|end|>`` (eos), ``<|pad|>``,
-role tokens and a chat template. It is cached on disk under ``$XLA_WORKBENCH_CACHE`` (default
-``~/.cache/xla-workbench``) keyed by a hash of the corpus, the size and the recipe. A
-user's own tokenizer directory (``data.tokenizer_path``) loads with
-``AutoTokenizer.from_pretrained(path)`` instead.
-
-**Records** (`load_records`): "embedded" (column ``text``), "chat-sample" (the shipped
-``assets/chat_sample.jsonl``: questions about stdlib functions answered with the first
-paragraph of their docstrings; most as ``messages`` lists, some as prompt/response) or a
-local jsonl/json/csv/parquet/text file or directory, loaded through ``datasets``.
-
-**Tokenising** (`tokenize_records`): plain text becomes ``bos + text + eos`` with labels equal
-to the ids; chat records (``messages`` or ``prompt``/``response``) are rendered with the chat
-template and their labels are -100 everywhere except the assistant turns. Records that
-teach nothing are left out — texts that are empty, not strings or a single token, chat
-records with no assistant token to predict — and counted in one ``RuntimeWarning``. Sequences
-are not cut here: lengths above ``data.max_length`` are truncated or dropped by the batch
-sampler, which counts them (`workbench.bucketing`).
+**The chat sample** (`CHAT_SAMPLE`, the shipped ``assets/chat_sample.jsonl``) holds questions
+about stdlib functions answered with the first paragraph of their docstrings, most as
+``messages`` lists, some as prompt/response; `generate_chat_sample` is how it was made.
+`workbench.data.records.load_records` reads both by name ("embedded", "chat-sample").
 """
 
 from __future__ import annotations

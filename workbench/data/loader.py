@@ -1,47 +1,13 @@
-"""[from bucketing] Planned sequence shapes: bucket boundaries, bucketed batches, packing and compile prewarm.
+"""The training loader for ``cfg.bucketing``, and the prewarm that compiles every shape it can emit.
 
-XLA compiles one program per input shape. Raw variable-length batches recompile at every new
-length; padding everything to the maximum compiles once but spends most FLOPs on padding. This
-module turns the set of shapes into a planned, measured quantity:
+`make_loader` puts the pieces together: a bucket plan (`plan_for_config`, from
+`workbench.data.buckets`), a `BucketBatchSampler` and a collator that pads to the bucket
+boundary; or, with ``cfg.bucketing.packing``, packed rows of ``data.max_length`` tokens.
 
-- `plan_buckets` chooses at most K padded lengths ("boundaries") for a length distribution.
-  Strategy "optimal" is an exact dynamic programme: it returns the boundaries (multiples of
-  ``multiple_of``) with the fewest padded tokens possible, over the histogram of distinct
-  rounded-up lengths (so 1,000,000 lengths cost what their few thousand distinct values cost),
-  with a monotone convex-hull trick making each of the K layers linear in the distinct values.
-- `BucketBatchSampler` groups indices by bucket, batches inside a bucket, and knows every
-  (batch, length) shape it can emit (`batch_shapes`), so `prewarm` compiles them all up front.
-- `BucketCollator` pads ``input_ids``/``attention_mask``/``labels`` to the bucket boundary.
-- `pack_sequences` / `PackedCollator` put several sequences in one fixed-length row instead.
-- `make_loader` builds the loader the training loop uses from ``cfg.bucketing``.
-
-**Boundaries are fitted to sequence lengths, not to per-batch maxima.** The sampler forms
-batches *inside* a bucket and the collator pads every batch of bucket ``j`` to boundary
-``b_j``, whatever its members are, so each sequence costs exactly its bucket boundary: the
-padded-token count of an epoch is ``sum(boundary(length_i))`` over the sequences (plus the
-remainders dropped to keep shapes fixed), which is what the planner minimises. Per-batch maxima
-would be the right target only for batches formed first and padded to their longest member
-(strategy "none"); their maxima depend on the shuffle, change every epoch and give one shape
-per distinct maximum — the recompilation this module exists to avoid.
-
-Packing keeps sequences apart under eager attention (what `workbench.models.build_model` uses
-on XLA) in one of two ways, both checked against per-sequence losses in the tests:
-
-- ``attention="position_ids"`` (default with transformers >= 4.53 and torch >= 2.6): the batch carries no
-  ``attention_mask`` and ``position_ids`` that restart at 0 for each sequence; transformers'
-  ``masking_utils`` then detects the packed format (``find_packed_sequence_indices``) and builds
-  the block-diagonal causal mask on the device. Only ``batch x length`` integers cross to the
-  device. transformers does this only without a KV cache: call the model with
-  ``use_cache=False`` (the trainer does; with a cache the rows' sequences would see each other).
-  Under torch < 2.6 transformers detects the packing but does not apply it (its mask functions
-  need torch >= 2.6), so the default there is "mask4d".
-- ``attention="mask4d"``: a ready ``(batch, 1, length, length)`` additive float mask
-  (0 inside a sequence's causal block, the dtype's minimum elsewhere), which transformers passes
-  to eager attention unchanged. Works with older transformers and torch; costs ``length**2``
-  floats per row on the host-to-device link.
-
-In both, the label of each sequence's first token is set to -100: under the causal shift it
-would otherwise be predicted from the previous sequence's last token.
+XLA compiles one program per input shape, so a program first met mid-run stalls the loop
+while it compiles. `prewarm` runs the step once per shape the sampler lists
+(`BucketBatchSampler.batch_shapes`) on a `synthetic_batch` of that shape, so every compile
+happens before the clock starts.
 """
 
 from __future__ import annotations
@@ -56,9 +22,6 @@ import torch
 from workbench.data.buckets import BucketPlan, plan_buckets
 from workbench.data.collate import BucketCollator, PackedCollator, RowDataset, ids_and_labels, pack_sequences
 from workbench.data.sampler import BucketBatchSampler
-
-# One definition, in the module that is cheap to import (data.py imports nothing heavy at the
-# top, and nothing from here, so there is no cycle); re-exported below for existing importers.
 
 # ---- prewarm ---------------------------------------------------------------------------------
 

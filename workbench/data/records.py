@@ -1,37 +1,20 @@
-"""[from data] Text in, token ids out: the embedded corpus, a locally trained tokenizer, user data, chat SFT records.
+"""Records to training examples: load the data source, tokenise plain text or chat, split, share by host.
 
-**The embedded corpus** (`embedded_corpus`) is real English technical prose that ships with
-Python itself, so the defaults need no download: the 79 topics of ``pydoc_data.topics`` (the
-language reference pages behind ``help("if")`` etc.), split at their reST headings into
-sections, plus the docstrings of ~110 standard-library modules and of their public classes,
-methods and functions. Pieces longer than ``max_chars`` (500) are split at paragraph breaks,
-then line breaks, then spaces; pieces under 40 characters are left out and identical texts
-are kept once; the order is fixed. On CPython 3.11 that gives about 4,000 documents, 1.0 M
-characters. With the default 512-token BPE trained on it their lengths in tokens (bos/eos
-included) are long-tailed: median ~125, p90 ~240, p99 ~295, max ~430, about 4% above the
-default ``data.max_length`` of 256 — short docstrings next to long reference sections.
-That spread is what makes bucketing matter.
-
-**The tokenizer** (`get_tokenizer`) is a byte-level BPE trained with ``tokenizers`` on that
-corpus (deterministic: same corpus and size, same vocabulary), wrapped as a
-``transformers.PreTrainedTokenizerFast`` with ``<|bos|>``, ``<|end|>`` (eos), ``<|pad|>``,
-role tokens and a chat template. It is cached on disk under ``$XLA_WORKBENCH_CACHE`` (default
-``~/.cache/xla-workbench``) keyed by a hash of the corpus, the size and the recipe. A
-user's own tokenizer directory (``data.tokenizer_path``) loads with
-``AutoTokenizer.from_pretrained(path)`` instead.
-
-**Records** (`load_records`): "embedded" (column ``text``), "chat-sample" (the shipped
-``assets/chat_sample.jsonl``: questions about stdlib functions answered with the first
-paragraph of their docstrings; most as ``messages`` lists, some as prompt/response) or a
-local jsonl/json/csv/parquet/text file or directory, loaded through ``datasets``.
+**Records** (`load_records`): "embedded" (the embedded corpus, column ``text``), "chat-sample"
+(the shipped chat SFT records, ``messages`` lists and prompt/response pairs; both from
+`workbench.data.corpus`) or a local jsonl/json/csv/parquet/text file or directory, loaded
+through ``datasets``.
 
 **Tokenising** (`tokenize_records`): plain text becomes ``bos + text + eos`` with labels equal
 to the ids; chat records (``messages`` or ``prompt``/``response``) are rendered with the chat
-template and their labels are -100 everywhere except the assistant turns. Records that
-teach nothing are left out — texts that are empty, not strings or a single token, chat
-records with no assistant token to predict — and counted in one ``RuntimeWarning``. Sequences
-are not cut here: lengths above ``data.max_length`` are truncated or dropped by the batch
-sampler, which counts them (`workbench.bucketing`).
+template and their labels are `IGNORE_INDEX` (-100) everywhere except the assistant turns.
+Records that teach nothing are left out — texts that are empty, not strings or a single
+token, chat records with no assistant token to predict — and counted in one
+``RuntimeWarning``. Sequences are not cut here: lengths above ``data.max_length`` are
+truncated or dropped by the batch sampler, which counts them (`workbench.data.sampler`).
+
+**The builder** (`build_datasets`): records, tokenised, split into a seeded train and eval
+part; each host keeps its equal share of the train part (`workbench.backend.multihost`).
 """
 
 from __future__ import annotations
@@ -42,6 +25,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from workbench.backend import runtime
+from workbench.backend.multihost import shard_for_host
 from workbench.data.corpus import CHAT_SAMPLE, embedded_corpus
 from workbench.data.tokenizer import cache_root, get_tokenizer
 
@@ -243,50 +228,17 @@ def tokenize_records(dataset: Any, tokenizer: Any, data_cfg: Any) -> Any:
     return out
 
 
-# ---- hosts and the one-call builder ------------------------------------------------------------
-
-
-def host_shard_bounds(
-    length: int, num_processes: int, process_index: int, *, equal_shares: bool = False
-) -> tuple[int, int]:
-    """[start, stop) of host `process_index`'s contiguous share of `length` examples.
-
-    By default the shares cover every example exactly once (the first ``length % num_processes``
-    hosts get one more). ``equal_shares=True`` gives every host ``length // num_processes`` and
-    leaves the remainder out, for loops that run an epoch to its end: a host with one more batch
-    would run one more step and wait for the others at the next collective.
-    """
-    if num_processes < 1:
-        raise ValueError(f"num_processes={num_processes} is not allowed: must be >= 1")
-    if not 0 <= process_index < num_processes:
-        raise ValueError(f"process_index={process_index} is not allowed: must be in [0, {num_processes})")
-    share, extra = divmod(length, num_processes)
-    if share == 0 and (equal_shares or process_index >= extra):
-        raise ValueError(f"{length} examples cannot give each of {num_processes} hosts at least one")
-    if equal_shares:
-        return process_index * share, (process_index + 1) * share
-    start = process_index * share + min(process_index, extra)
-    return start, start + share + (process_index < extra)
-
-
-def shard_for_host(
-    dataset: Any, num_processes: int, process_index: int, *, equal_shares: bool = False
-) -> Any:
-    """Host `process_index`'s contiguous share of a `datasets.Dataset` or a sequence (see `host_shard_bounds`)."""
-    start, stop = host_shard_bounds(len(dataset), num_processes, process_index, equal_shares=equal_shares)
-    if start == 0 and stop == len(dataset):
-        return dataset
-    if hasattr(dataset, "select"):  # datasets.Dataset
-        return dataset.select(range(start, stop))
-    return dataset[start:stop]
+# ---- the one-call builder ----------------------------------------------------------------------
 
 
 def _host_share() -> tuple[int, int]:
-    """(process count, index) when the XLA runtime already runs; (1, 0) otherwise (never starts it)."""
-    from workbench.backend import runtime
+    """(process count, index) when the XLA runtime already runs; (1, 0) otherwise.
 
+    Building datasets never starts the runtime (a data-only notebook or the config panel stays
+    free of it); on a multi-host run the trainer has started it, detecting the hardware, first.
+    """
     if runtime.runtime_started():
-        return runtime.process_count(), runtime.process_index()
+        return runtime.xla_process_count(), runtime.xla_process_index()
     return 1, 0
 
 
@@ -296,7 +248,8 @@ def build_datasets(
     """(train, eval or None, tokenizer) for `cfg`: load, tokenise, split, and shard train by host.
 
     The eval split is a seeded random `data.eval_fraction` of the examples (at least one when
-    the fraction is above 0); on a multi-host run each host keeps its share of the train split.
+    the fraction is above 0); on a multi-host run each host keeps its equal share of the train
+    split (`workbench.backend.multihost.shard_for_host`; the remainder is left out).
     """
     tokenizer = tokenizer if tokenizer is not None else get_tokenizer(cfg.data, cache_dir)
     records = load_records(cfg.data, cache_dir)

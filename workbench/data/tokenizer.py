@@ -1,37 +1,13 @@
-"""[from data] Text in, token ids out: the embedded corpus, a locally trained tokenizer, user data, chat SFT records.
+"""The tokenizer: a byte-level BPE trained locally on the embedded corpus and cached, or the user's own.
 
-**The embedded corpus** (`embedded_corpus`) is real English technical prose that ships with
-Python itself, so the defaults need no download: the 79 topics of ``pydoc_data.topics`` (the
-language reference pages behind ``help("if")`` etc.), split at their reST headings into
-sections, plus the docstrings of ~110 standard-library modules and of their public classes,
-methods and functions. Pieces longer than ``max_chars`` (500) are split at paragraph breaks,
-then line breaks, then spaces; pieces under 40 characters are left out and identical texts
-are kept once; the order is fixed. On CPython 3.11 that gives about 4,000 documents, 1.0 M
-characters. With the default 512-token BPE trained on it their lengths in tokens (bos/eos
-included) are long-tailed: median ~125, p90 ~240, p99 ~295, max ~430, about 4% above the
-default ``data.max_length`` of 256 — short docstrings next to long reference sections.
-That spread is what makes bucketing matter.
-
-**The tokenizer** (`get_tokenizer`) is a byte-level BPE trained with ``tokenizers`` on that
-corpus (deterministic: same corpus and size, same vocabulary), wrapped as a
-``transformers.PreTrainedTokenizerFast`` with ``<|bos|>``, ``<|end|>`` (eos), ``<|pad|>``,
-role tokens and a chat template. It is cached on disk under ``$XLA_WORKBENCH_CACHE`` (default
-``~/.cache/xla-workbench``) keyed by a hash of the corpus, the size and the recipe. A
-user's own tokenizer directory (``data.tokenizer_path``) loads with
+`get_tokenizer` returns a byte-level BPE trained with ``tokenizers`` (`train_tokenizer`) on the
+embedded corpus (`workbench.data.corpus`; deterministic: same corpus and size, same
+vocabulary), wrapped as a ``transformers.PreTrainedTokenizerFast`` with ``<|bos|>``,
+``<|end|>`` (eos), ``<|pad|>``, role tokens and a chat template (`CHAT_TEMPLATE`). It is
+cached on disk under `cache_root` (``$XLA_WORKBENCH_CACHE``, default
+``~/.cache/xla-workbench``) keyed by a hash of the corpus, the size and the recipe, so only
+the first call trains. A user's own tokenizer directory (``data.tokenizer_path``) loads with
 ``AutoTokenizer.from_pretrained(path)`` instead.
-
-**Records** (`load_records`): "embedded" (column ``text``), "chat-sample" (the shipped
-``assets/chat_sample.jsonl``: questions about stdlib functions answered with the first
-paragraph of their docstrings; most as ``messages`` lists, some as prompt/response) or a
-local jsonl/json/csv/parquet/text file or directory, loaded through ``datasets``.
-
-**Tokenising** (`tokenize_records`): plain text becomes ``bos + text + eos`` with labels equal
-to the ids; chat records (``messages`` or ``prompt``/``response``) are rendered with the chat
-template and their labels are -100 everywhere except the assistant turns. Records that
-teach nothing are left out — texts that are empty, not strings or a single token, chat
-records with no assistant token to predict — and counted in one ``RuntimeWarning``. Sequences
-are not cut here: lengths above ``data.max_length`` are truncated or dropped by the batch
-sampler, which counts them (`workbench.bucketing`).
 """
 
 from __future__ import annotations

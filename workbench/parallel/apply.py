@@ -1,33 +1,23 @@
-"""[from sharding] Declarative SPMD meshes and parameter sharding, validated before anything runs.
+"""Applying a sharding plan with torch_xla: parameters, their gradients and batches on the mesh.
 
-Three pieces, kept apart so each can be checked without the others:
+`shard_model` moves a model to the XLA device (`move_model`, which ties its embeddings again),
+plans it (`workbench.parallel.plan.plan_sharding`, with the family's rules by default) and
+annotates every parameter with ``mark_sharding``, and each gradient like its parameter.
+`shard_batch` moves a batch with dim 0 split over ``data x fsdp``; `batch_sharding` is the same
+split for the background device loader.
 
-- `MeshSpec`: the named mesh axes ``data x fsdp x model`` (at most one ``-1`` filled from
-  the device count). `resolve` validates the sizes in pure Python and spells the product
-  out when it is wrong; `build` switches torch_xla into SPMD mode in the order it needs and
-  returns the torch_xla mesh (a hybrid ICI x DCN mesh when `num_slices > 1`).
-- Sharding rules as data: per model family, an ordered list of (parameter-name regex ->
-  tensor-parallel partition spec). The FSDP axis is then placed on the largest dimension
-  the rule leaves free. A parameter no rule matches is replicated and *reported*.
-- `plan_sharding` (pure Python, shapes only) -> `ShardingReport`; `shard_model` applies a
-  plan to a real model with ``mark_sharding``; `shard_batch` splits inputs over data x fsdp.
-
-Every torch_xla call goes through `workbench.runtime`. Importing this module starts nothing.
+Every torch_xla call goes through `workbench.backend.runtime`. Importing this module starts nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.backend import runtime
 from workbench.parallel.mesh import BATCH_AXES, MeshSpec, axis_sizes_of, check_batch_size, device_grid
 from workbench.parallel.plan import ShardingReport, plan_sharding
 from workbench.parallel.rules import AxisEntry, PartitionSpec, rules_for
-
-if TYPE_CHECKING:  # imported for annotations only: no runtime cost, no cycles
-    pass
-
 
 # ---- applying it ---------------------------------------------------------------------
 

@@ -1,18 +1,15 @@
-"""[from sharding] Declarative SPMD meshes and parameter sharding, validated before anything runs.
+"""The SPMD mesh: named axes ``data x fsdp x model``, validated in pure Python before torch_xla builds it.
 
-Three pieces, kept apart so each can be checked without the others:
+`MeshSpec` names the axes (at most one ``-1``, filled from the device count). `resolve`
+validates the sizes and spells the product out when it is wrong; `build` switches torch_xla
+into SPMD mode in the order it needs (`ensure_spmd`: before the XLA device is first used) and
+returns the torch_xla mesh (a hybrid ICI x DCN mesh when `num_slices > 1`). `mesh_preset` and
+`mesh_from_config` choose the mesh for the hardware and ``cfg.mesh``.
 
-- `MeshSpec`: the named mesh axes ``data x fsdp x model`` (at most one ``-1`` filled from
-  the device count). `resolve` validates the sizes in pure Python and spells the product
-  out when it is wrong; `build` switches torch_xla into SPMD mode in the order it needs and
-  returns the torch_xla mesh (a hybrid ICI x DCN mesh when `num_slices > 1`).
-- Sharding rules as data: per model family, an ordered list of (parameter-name regex ->
-  tensor-parallel partition spec). The FSDP axis is then placed on the largest dimension
-  the rule leaves free. A parameter no rule matches is replicated and *reported*.
-- `plan_sharding` (pure Python, shapes only) -> `ShardingReport`; `shard_model` applies a
-  plan to a real model with ``mark_sharding``; `shard_batch` splits inputs over data x fsdp.
+The batch splits over ``data x fsdp`` (`BATCH_AXES`): `batch_size_problem` is the one
+divisibility rule for batches, which `check_batch_size` and the memory estimate both apply.
 
-Every torch_xla call goes through `workbench.runtime`. Importing this module starts nothing.
+Every torch_xla call goes through `workbench.backend.runtime`. Importing this module starts nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.backend import runtime
 from workbench.parallel.rules import ShardingError
+from workbench.units import nearby_multiples
 
 if TYPE_CHECKING:  # imported for annotations only: no runtime cost, no cycles
     from workbench.backend.hardware import HardwareInfo
@@ -209,7 +207,7 @@ def ensure_spmd() -> None:
             f"({created} XLA tensor(s) created; torch_xla.device(), RNG seeding or a tensor on the "
             "device fix the mode), and switching to SPMD now crashes later (pytorch/xla#9735). "
             "Restart the Python process (or notebook kernel) and build the mesh first: "
-            "MeshSpec(...).build() (or workbench.sharding.ensure_spmd()) before touching the XLA "
+            "MeshSpec(...).build() (or workbench.parallel.mesh.ensure_spmd()) before touching the XLA "
             "device, moving the model or seeding it; hardware.detect() may run before or after"
         )
     runtime.use_spmd()
@@ -267,8 +265,8 @@ def device_grid(mesh: Any, sizes: Mapping[str, int]) -> list[int]:
 def batch_size_problem(batch_size: int, axis_sizes: Mapping[str, int]) -> str | None:
     """None when `batch_size` splits evenly over data x fsdp, else why not and what to use instead.
 
-    The one divisibility rule for batches: `check_batch_size` and `workbench.memory.estimate`
-    each put their own subject in front of it.
+    The one divisibility rule for batches: `check_batch_size` and
+    `workbench.analysis.estimate.estimate` each put their own subject in front of it.
     """
     dp = data_parallel_size(axis_sizes)
     if batch_size % dp == 0:
@@ -278,13 +276,6 @@ def batch_size_problem(batch_size: int, axis_sizes: Mapping[str, int]) -> str | 
         f"not divisible by the data-parallel size {spelled} = {dp}; use a multiple of {dp} "
         f"(e.g. {nearby_multiples(batch_size, dp)})"
     )
-
-
-def nearby_multiples(value: int, divisor: int) -> str:
-    """The multiples of `divisor` either side of `value` ("28 or 32"); only the upper one when
-    the lower would be 0, which is no batch at all ("4", not "4 or 4")."""
-    lower = value - value % divisor
-    return f"{lower} or {lower + divisor}" if lower else str(divisor)
 
 
 def check_batch_size(batch_size: int, axis_sizes: Mapping[str, int], name: str = "batch") -> None:
