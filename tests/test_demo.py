@@ -1,17 +1,27 @@
 """`python -m workbench demo`: the papermill plumbing, the report and its screenshot.
 
 The quickstart notebook itself runs in tests/test_notebooks.py; here small stand-in notebooks
-check what the demo does around it (parameters, outputs, the failing-cell message, the PNG).
+check what the demo does around it (parameters, outputs, the failing-cell message, the PNG), and
+that it finds the quickstart in the installed package, not in the repository.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import os
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
+import tomllib
 
+import workbench
 from workbench import demo
+
+REPO = Path(__file__).resolve().parent.parent
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -60,6 +70,59 @@ def test_demo_reports_the_failing_cell(tmp_path, capsys):
     assert demo.run_demo(tmp_path / "reports", notebook=nb, screenshot=False) == 1
     err = capsys.readouterr().err
     assert "ValueError: no data here" in err and "cell" in err
+
+
+def test_demo_runs_the_packaged_quickstart_from_any_directory(tmp_path, monkeypatch):
+    papermill = pytest.importorskip("papermill")
+    calls = []
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.chdir(tmp_path)
+    assert demo.run_demo("reports", screenshot=False) == 0
+    (notebook, executed), kwargs = calls[0]
+    assert Path(notebook) == demo.quickstart_notebook()
+    assert Path(notebook).is_relative_to(Path(workbench.__file__).parent)  # package data
+    assert Path(executed) == tmp_path / "reports" / "quickstart.ipynb"
+    assert kwargs["cwd"] == str(tmp_path)
+    assert kwargs["parameters"]["report_html"] == str(tmp_path / "reports" / "quickstart.html")
+    # The packaged copy is the committed quickstart (test_notebooks checks both against the source).
+    assert Path(notebook).read_text() == (REPO / "notebooks" / "00_quickstart.ipynb").read_text()
+
+
+def _install_like_a_wheel(site: Path) -> None:
+    """Copy what a wheel of this project holds of `workbench`: its modules and the package data
+    pyproject.toml declares, nothing else from the repository."""
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for path in (REPO / "workbench").rglob("*"):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(REPO)
+        declared = any(
+            rel.is_relative_to(Path(*package.split(".")))
+            and any(fnmatch.fnmatch(str(rel.relative_to(Path(*package.split(".")))), g) for g in globs)
+            for package, globs in package_data.items()
+        )
+        if path.suffix == ".py" or declared:
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, site / rel)
+
+
+def test_an_installed_package_finds_its_quickstart(tmp_path):
+    site, elsewhere = tmp_path / "site-packages", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _install_like_a_wheel(site)
+    code = (
+        "import workbench, workbench.demo as d; p = d.quickstart_notebook(); "
+        "print(workbench.__file__); print(p); print(p.is_file())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    module, notebook, exists = proc.stdout.split()
+    assert Path(module).is_relative_to(site), "imported the checkout, not the installed copy"
+    assert Path(notebook) == site / "workbench" / "notebooks" / "00_quickstart.ipynb"
+    assert exists == "True"
 
 
 def test_demo_without_the_notebook_says_so(tmp_path, capsys):

@@ -1,8 +1,9 @@
 """Every notebook runs end to end under papermill at small parameters (one test per notebook).
 
 Executed copies go to notebooks/executed/ (git-ignored). A failing notebook fails its test with
-the failing cell's number, exception name and message. The committed notebooks must equal what
-`tests/notebook_sources.py` generates, and carry no outputs.
+the failing cell's number, exception name and message. The committed notebooks (and the
+quickstart's copy in the package) must equal what `tests/build_notebooks.py` builds from their
+jupytext sources, notebooks/*.py, and carry no outputs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.notebook_sources import NOTEBOOKS, render
+from tests.build_notebooks import NOTEBOOKS, render, targets
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO / "notebooks"
@@ -46,15 +47,31 @@ TEST_PARAMETERS: dict[str, dict[str, object]] = {
 def test_every_notebook_has_test_parameters():
     assert set(TEST_PARAMETERS) == set(NOTEBOOKS)
     assert sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb")) == sorted(NOTEBOOKS)
+    assert len(NOTEBOOKS) == 6
+
+
+@pytest.mark.parametrize("name", list(NOTEBOOKS))
+def test_shared_cells_come_from_one_place(name):
+    # The install and XLA:CPU cells are written once, in tests/build_notebooks.py.
+    source = (NOTEBOOK_DIR / f"{name}.py").read_text()
+    assert source.count('# %% shared="install"') == 1 and "find_spec" not in source
+
+
+@pytest.mark.parametrize("name", list(NOTEBOOKS))
+def test_notebooks_use_the_public_imports(name):
+    # What users write: `from workbench.train import Trainer`, `from widgets import Dashboard`, ...
+    imports = re.findall(r"^from (\S+) import", (NOTEBOOK_DIR / f"{name}.py").read_text(), re.M)
+    private = [m for m in imports if m.startswith(("widgets.", "workbench.train.", "workbench.data."))]
+    assert not private, f"{name}.py imports from inside a package: {private}"
 
 
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
 def test_committed_notebook_is_generated_and_clean(name):
-    path = NOTEBOOK_DIR / f"{name}.ipynb"
-    text = path.read_text()
-    assert text == render(name), (
-        f"{path.name} differs from tests/notebook_sources.py: run `python -m tests.notebook_sources`"
-    )
+    text = render(name)
+    for path in targets(name):
+        assert path.read_text() == text, (
+            f"{path.relative_to(REPO)} differs from notebooks/{name}.py: run `python -m tests.build_notebooks`"
+        )
     nb = nbformat.reads(text, as_version=4)
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code_cells), "committed with outputs"

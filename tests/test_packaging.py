@@ -51,7 +51,7 @@ def test_widgets_extra_is_slim_and_inside_notebook() -> None:
 
 
 def test_notebook_install_cell_installs_the_widgets_extra() -> None:
-    from tests.notebook_sources import INSTALL
+    from tests.build_notebooks import INSTALL
 
     spec = re.search(r'"(xla-workbench\[[^\]]+\][^"]*)"', INSTALL).group(1)
     assert spec.startswith("xla-workbench[widgets] @ "), spec

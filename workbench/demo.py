@@ -1,6 +1,6 @@
 """[from demo] `make demo` / ``python -m workbench demo``: run the quickstart notebook headless and keep its report.
 
-Executes ``notebooks/00_quickstart.ipynb`` with papermill on whatever hardware is there and writes
+Executes the quickstart notebook with papermill on whatever hardware is there and writes
 
 - ``<out>/quickstart.ipynb``: the executed notebook (text outputs; widget state is not stored,
   since each plotly ``FigureWidget`` would carry the whole plotly.js bundle);
@@ -8,6 +8,10 @@ Executes ``notebooks/00_quickstart.ipynb`` with papermill on whatever hardware i
   plotly.js embedded and the run's config — it opens offline, which an nbconvert rendering of the
   executed notebook would not (its widgets need a live kernel or stored widget state);
 - ``<out>/dashboard.png``: a headless Chromium screenshot of that page, when Chromium is installed.
+
+The notebook is package data, ``workbench/notebooks/00_quickstart.ipynb`` (a copy of
+``notebooks/00_quickstart.ipynb`` that tests/build_notebooks.py writes), so the demo runs from an
+installed distribution as well as from a checkout, in whatever directory it is started from.
 
 This module imports papermill only when it runs; it never imports the widget libraries itself
 (the notebook does, in its own kernel).
@@ -19,11 +23,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-QUICKSTART = REPO / "notebooks" / "00_quickstart.ipynb"
+# The quickstart inside the installed `workbench` package (see pyproject's package-data).
+QUICKSTART = ("notebooks", "00_quickstart.ipynb")
 # What Debian's Chromium needs to run headless here: no sandbox as root, no GPU, and nothing
 # that reaches for the network (there is none).
 CHROMIUM_FLAGS = (
@@ -35,6 +40,11 @@ CHROMIUM_FLAGS = (
     "--disable-component-update",
     "--disable-sync",
 )
+
+
+def quickstart_notebook() -> Path:
+    """The quickstart notebook shipped inside the `workbench` package, wherever it is installed."""
+    return Path(str(resources.files("workbench").joinpath(*QUICKSTART)))
 
 
 def find_chromium() -> str | None:
@@ -97,21 +107,20 @@ def screenshot_html(
 def run_demo(
     out_dir: str | Path = "reports",
     *,
-    notebook: str | Path = QUICKSTART,
+    notebook: str | Path | None = None,
     parameters: dict[str, Any] | None = None,
     screenshot: bool = True,
 ) -> int:
-    """Execute the quickstart headless; 0 on success, 1 when a cell fails (its error is printed)."""
+    """Execute the quickstart (or `notebook`) headless; 0 on success, 1 when a cell fails (its
+    error is printed). The kernel runs in the current directory."""
     try:
         import papermill
     except ImportError:
         print("error: the demo needs papermill: pip install -e '.[notebook]'", file=sys.stderr)
         return 1
-    notebook = Path(notebook)
-    if not notebook.exists():
-        print(
-            f"error: {notebook} not found (the demo runs from a checkout of the repository)", file=sys.stderr
-        )
+    notebook = quickstart_notebook() if notebook is None else Path(notebook)
+    if not notebook.is_file():
+        print(f"error: {notebook} not found (is the package installed with its data?)", file=sys.stderr)
         return 1
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -124,7 +133,7 @@ def run_demo(
             str(executed),
             parameters=params,
             kernel_name="python3",
-            cwd=str(REPO),
+            cwd=str(Path.cwd()),
             progress_bar=False,
             log_output=False,
             store_widget_state=False,
