@@ -61,21 +61,3 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "make test" in (REPO / ".ci" / "run").read_text()
     readme = (REPO / "README.md").read_text()
     assert "make demo" in readme and "make test" in readme
-
-
-def test_workbench_never_imports_ui_or_xla_directly() -> None:
-    for path in (REPO / "workbench").rglob("*.py"):
-        text = path.read_text()
-        for banned in (
-            "import ipywidgets",
-            "import plotly",
-            "from plotly",
-            "from ipywidgets",
-            "import widgets",
-            "from widgets",
-        ):
-            assert banned not in text, f"{path.name} imports UI code ({banned})"
-        if path.name != "runtime.py":
-            assert not re.search(r"^\s*(import|from)\s+torch_xla", text, re.M), (
-                f"{path.name} imports torch_xla outside the runtime seam"
-            )
