@@ -39,6 +39,7 @@ bench: venv
 	PJRT_DEVICE=CPU $(PY) bench/memory.py
 	PJRT_DEVICE=CPU $(PY) bench/profiling.py
 	PJRT_DEVICE=CPU $(PY) bench/train.py
+	PJRT_DEVICE=CPU $(PY) bench/generate.py
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache build *.egg-info

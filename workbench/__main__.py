@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {info,smoke,demo}``."""
+"""Command line: ``python -m workbench {info,smoke,demo,generate}``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ def main(argv: list[str] | None = None) -> int:
     smoke.add_argument("--steps", type=int, default=8)
     demo = sub.add_parser("demo", help="run the quickstart end to end and write reports/")
     demo.add_argument("--out", default="reports")
+    gen = sub.add_parser("generate", help="sample from a local transformers checkpoint directory")
+    gen.add_argument("--model", required=True, help="directory with config.json, weights and tokenizer")
+    gen.add_argument("prompts", nargs="+", metavar="PROMPT")
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--device-type", default="auto", choices=["auto", "tpu", "cuda", "xla", "cpu"])
     args = parser.parse_args(argv)
 
     from workbench.backend.hardware import HardwareError, detect
@@ -34,10 +42,45 @@ def main(argv: list[str] | None = None) -> int:
             from workbench.demo import run_demo
 
             return run_demo(args.out)
+        if args.command == "generate":
+            return _generate(args)
     except HardwareError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 1
+
+
+def _generate(args: argparse.Namespace) -> int:
+    """Load the checkpoint, sample on the detected device, print each prompt's text."""
+    import torch
+
+    from workbench.backend import runtime
+    from workbench.backend.hardware import detect
+    from workbench.generate import generate, load_pretrained
+
+    try:
+        model, tokenizer = load_pretrained(args.model)
+        hw = detect(args.device_type)
+        model.to(runtime.device() if hw.via_xla else torch.device(hw.backend))
+        result = generate(
+            model,
+            list(args.prompts),
+            tokenizer=tokenizer,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            seed=args.seed,
+        )
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n\n".join(prompt + text for prompt, text in zip(args.prompts, result.texts or [])))
+    print(
+        f"{result.new_tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s) on "
+        f"{hw.device_string} ({hw.device_kind}), {result.compiles} programs compiled",
+        file=sys.stderr,
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,18 @@ the keys in declaration order, read from the types, so no list of names is kept 
 
 from __future__ import annotations
 
+import math
 from typing import TypedDict, get_type_hints
+
+
+def perplexity(loss: float | None) -> float | None:
+    """exp(mean next-token loss): inf where it overflows a float, None without a loss."""
+    if loss is None:
+        return None
+    try:
+        return math.exp(float(loss))
+    except OverflowError:
+        return math.inf
 
 
 class IntervalMetrics(TypedDict):
@@ -34,6 +45,8 @@ class IntervalMetrics(TypedDict):
     tokens_seen: int
     elapsed_s: float
     eval_loss: float | None
+    eval_perplexity: float | None
+    """exp(eval_loss), when an eval ran in the interval."""
     steps_in_interval: int
     interval_s: float
     input_wait_s: float

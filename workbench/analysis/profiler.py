@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.analysis.flops import mfu
-from workbench.analysis.metrics import INTERVAL_KEYS, IntervalMetrics
+from workbench.analysis.metrics import INTERVAL_KEYS, IntervalMetrics, perplexity
 from workbench.backend import runtime
 
 if TYPE_CHECKING:
@@ -207,6 +207,7 @@ class StepProfiler:
             "tokens_seen": self._tokens_seen,
             "elapsed_s": now - self._start,
             "eval_loss": float(eval_loss) if eval_loss is not None else None,
+            "eval_perplexity": perplexity(eval_loss),
             "steps_in_interval": steps,
             "interval_s": interval,
             "input_wait_s": self._interval_wait,

@@ -49,20 +49,42 @@ def build_model(
     """A causal LM: loaded from `cfg.pretrained_path` when set, else built from the config with a seeded init.
 
     `attn_implementation` defaults to "eager", the implementation that lowers cleanly on XLA
-    and honours 4-D attention masks (used by packing).
+    and honours 4-D attention masks (used by packing). The model comes with its KV cache off
+    (`no_kv_cache`): it is built for training.
     """
     import torch
     import transformers as tf
 
     if cfg.pretrained_path:
-        return tf.AutoModelForCausalLM.from_pretrained(
-            cfg.pretrained_path, attn_implementation=attn_implementation
+        return no_kv_cache(
+            tf.AutoModelForCausalLM.from_pretrained(
+                cfg.pretrained_path, attn_implementation=attn_implementation
+            )
         )
     config = hf_config(cfg, vocab_size)
     config._attn_implementation = attn_implementation
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+        return no_kv_cache(
+            tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+        )
+
+
+def no_kv_cache(model: Any) -> Any:
+    """Turn the model's KV cache off (``config.use_cache = False``) and return the model.
+
+    The one place the training path decides this: every forward of training, eval, warm-up,
+    the memory probes and the batch finder runs on a model from `build_model` (the trainer
+    passes a model or teacher it is handed through here too). Training never decodes, and with
+    the cache on a forward builds one per call: more memory than the estimate counts, and for
+    sliding-window families (Mistral) transformers' dynamic sliding-window layer, which fails
+    on XLA (``Value out of range`` slicing the window). Generation turns the cache on per call
+    (`workbench.generate`, ``model.generate(use_cache=True)``).
+    """
+    config = getattr(model, "config", None)
+    if config is not None:
+        config.use_cache = False
+    return model
 
 
 def enable_gradient_checkpointing(model: Any, *, xla: bool) -> None:

@@ -127,8 +127,8 @@ class DistillationObjective(torch.nn.Module):
         want_hidden = self.projection is not None
         inputs = _model_inputs(batch)
         with torch.no_grad():
-            t_out = self.teacher(**inputs, output_hidden_states=want_hidden, use_cache=False)
-        s_out = student(**inputs, output_hidden_states=want_hidden, use_cache=False)
+            t_out = self.teacher(**inputs, output_hidden_states=want_hidden)
+        s_out = student(**inputs, output_hidden_states=want_hidden)
         s, y = shift_for_next_token(s_out.logits, batch["labels"])
         t, _ = shift_for_next_token(t_out.logits.detach(), batch["labels"])
         mask = (y != IGNORE_INDEX).to(torch.float32)
@@ -161,8 +161,8 @@ def mean_token_kl(
     tokens_total = torch.zeros(())
     for batch in batches:
         inputs = _model_inputs(batch)
-        s, y = shift_for_next_token(student(**inputs, use_cache=False).logits, batch["labels"])
-        t, _ = shift_for_next_token(teacher(**inputs, use_cache=False).logits, batch["labels"])
+        s, y = shift_for_next_token(student(**inputs).logits, batch["labels"])
+        t, _ = shift_for_next_token(teacher(**inputs).logits, batch["labels"])
         mask = (y != IGNORE_INDEX).to(torch.float32)
         kl_total = kl_total.to(s.device) + token_kl_sum(s, t, mask, temperature)
         tokens_total = tokens_total.to(s.device) + mask.sum()

@@ -40,6 +40,6 @@ class CausalLMObjective(torch.nn.Module):
 
     def forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         inputs = {k: v for k, v in batch.items() if k in MODEL_INPUT_KEYS}
-        logits = model(**inputs, use_cache=False).logits
+        logits = model(**inputs).logits  # the KV cache is off: workbench.models.build.no_kv_cache
         s, y = shift_for_next_token(logits, batch["labels"])
         return {"loss_sum": token_ce_sum(s, y), "tokens": (y != IGNORE_INDEX).sum().to(torch.float32)}

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from workbench.analysis.metrics import perplexity
 from workbench.backend import runtime
 from workbench.config import TrainConfig
 from workbench.train.objective import CausalLMObjective
@@ -35,6 +36,15 @@ from workbench.train.optim import init_optimizer_state
 from workbench.train.state import LoopState
 
 Batch = dict[str, torch.Tensor]
+
+
+class EvalLoss(float):
+    """The mean next-token eval loss (a float, as before), with its perplexity beside it."""
+
+    @property
+    def perplexity(self) -> float:
+        """exp(loss): inf where it overflows."""
+        return perplexity(self)
 
 
 class StepEngine:
@@ -200,8 +210,9 @@ class StepEngine:
         self.sync()
 
     # ---- eval ----
-    def eval_loss(self, batches: Iterable[Batch], max_batches: int | None = None) -> float:
-        """Mean next-token loss over device batches: one program per shape, one host read at the end."""
+    def eval_loss(self, batches: Iterable[Batch], max_batches: int | None = None) -> EvalLoss:
+        """Mean next-token loss over device batches (with ``.perplexity``): one program per shape,
+        one host read at the end."""
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         count = torch.zeros((), dtype=torch.float32, device=self.device)
         self.sync()
@@ -215,4 +226,4 @@ class StepEngine:
             count = count + out["tokens"]
             self.sync()
         self.model.train()
-        return float((total / count.clamp(min=1.0)).cpu())
+        return EvalLoss((total / count.clamp(min=1.0)).cpu())

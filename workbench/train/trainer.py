@@ -31,13 +31,13 @@ from typing import Any, cast
 import torch
 
 from workbench.analysis.flops import training_flops_per_token
-from workbench.analysis.metrics import IntervalMetrics, RunMetrics
+from workbench.analysis.metrics import IntervalMetrics, RunMetrics, perplexity
 from workbench.analysis.profiler import StepProfiler
 from workbench.backend import runtime
 from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
-from workbench.models.build import build_model, enable_gradient_checkpointing
+from workbench.models.build import build_model, enable_gradient_checkpointing, no_kv_cache
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
 from workbench.train import warmup
@@ -67,13 +67,18 @@ class TrainResult:
     checkpoint_path: str | None = None
     """The last checkpoint written, if any."""
     eval_loss: float | None = None
-    """The last eval loss, if an eval ran."""
+    """The last eval loss, if an eval ran (from `Trainer.evaluate`: with ``.perplexity``)."""
     steps: int = 0
     """Optimizer steps completed (including those before a resume)."""
     warmup_compiles: int = 0
     """Programs compiled during warm-up (prewarm)."""
     notices: list[str] = field(default_factory=list)
     """What the trainer decided on its own (hardware fallback, OOM retries, batch growth)."""
+
+    @property
+    def eval_perplexity(self) -> float | None:
+        """exp(eval_loss), if an eval ran."""
+        return perplexity(self.eval_loss)
 
 
 class ThroughputClock:
@@ -265,7 +270,7 @@ class Trainer:
 
     # ---- eval and checkpoints ----
     def evaluate(self, max_batches: int | None = None) -> float:
-        """Mean next-token loss over the eval set (one host read at the end)."""
+        """Mean next-token loss over the eval set, a float with ``.perplexity`` (one host read at the end)."""
         if self.data.eval_dataset is None:
             raise ValueError("no eval dataset: pass eval_dataset= or set data.eval_fraction > 0")
         self.last_eval_loss = self.engine.eval_loss(self.data.eval_batches(self.loop.batch_size), max_batches)
@@ -409,8 +414,7 @@ def prepare_model(model: torch.nn.Module, train: Any, *, xla: bool) -> torch.nn.
     """Precision, no KV cache (training never decodes), gradient checkpointing: as `train` says."""
     if train.precision == "bf16":
         model.to(torch.bfloat16)
-    if getattr(model, "config", None) is not None:
-        model.config.use_cache = False
+    no_kv_cache(model)  # a model handed in did not come through build_model
     if train.gradient_checkpointing:
         enable_gradient_checkpointing(model, xla=xla)
     return model
@@ -431,7 +435,7 @@ def build_objective(
     if teacher is None:
         return CausalLMObjective().to(device)
     settings = DistillSettings(train.distill_alpha, train.distill_temperature, train.distill_hidden_weight)
-    objective = DistillationObjective(teacher, model, settings)
+    objective = DistillationObjective(no_kv_cache(teacher), model, settings)
     if train.precision == "bf16":
         teacher.to(torch.bfloat16)
     place(teacher, mesh, device)

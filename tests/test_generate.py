@@ -1,0 +1,238 @@
+"""Sampling (`workbench.generate`), the `generate` command, eval perplexity and the training path's
+KV cache: on plain CPU in process, and on XLA:CPU in one subprocess (tests/xla/generation.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.xla.generation import FIRST, SECOND, prompts, reference, tiny_model
+from workbench.generate import GenerationResult, generate, static_cache
+
+BUCKETS = [8, 16, 32]
+
+
+# ---- plain CPU: the same tokens as model.generate ------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_greedy_matches_model_generate_for_a_batch_of_lengths(family):
+    model = tiny_model(family)
+    batch = prompts(FIRST + SECOND)  # several lengths, several in one bucket (left-padded together)
+    result = generate(model, batch, max_new_tokens=12, buckets=BUCKETS)
+    assert result.token_ids == reference(model, batch, new=12)
+    assert result.buckets == [8, 8, 16, 32, 8, 8, 16, 32]
+    assert result.compiles == 0 and result.new_tokens == sum(map(len, result.token_ids))
+
+
+def test_greedy_matches_model_generate_on_a_sliding_window_longer_prompt():
+    model = tiny_model("mistral", sliding_window=8)
+    batch = prompts((5, 13, 20))  # two prompts longer than the window
+    assert generate(model, batch, max_new_tokens=12, buckets=BUCKETS).token_ids == reference(model, batch, 12)
+    assert all(static_cache(model, 48).is_sliding)  # StaticSlidingWindowLayer, the window's size
+
+
+def test_stops_at_end_of_sequence_like_model_generate():
+    model = tiny_model("llama")
+    batch = prompts((3, 7, 13))
+    free = generate(model, batch, max_new_tokens=12, buckets=BUCKETS, eos_token_id=None)
+    eos = free.token_ids[1][4]  # a token the second prompt reaches at step 5
+    model.generation_config.eos_token_id = eos
+    got = generate(model, batch, max_new_tokens=12, buckets=BUCKETS, stop_check_every=2)
+    assert got.token_ids == reference(model, batch, new=12)
+    assert got.token_ids[1] == free.token_ids[1][:5] and got.finished[1]
+    assert not got.finished[0] or got.token_ids[0][-1] == eos
+
+
+def test_sampling_is_seeded_and_top_k_one_is_greedy():
+    model = tiny_model("llama")
+    batch = prompts((3, 13))
+    greedy = generate(model, batch, max_new_tokens=10)
+    a = generate(model, batch, max_new_tokens=10, temperature=1.0, seed=1)
+    assert a.token_ids == generate(model, batch, max_new_tokens=10, temperature=1.0, seed=1).token_ids
+    assert a.token_ids != generate(model, batch, max_new_tokens=10, temperature=1.0, seed=2).token_ids
+    assert a.token_ids != greedy.token_ids
+    top1 = generate(model, batch, max_new_tokens=10, temperature=1.5, top_k=1, seed=5)
+    assert top1.token_ids == greedy.token_ids
+
+
+def test_strings_need_a_tokenizer_and_come_back_as_text(tiny_tokenizer):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        generate(model, "hello", max_new_tokens=3)
+    result = generate(model, ["the cat", "a dog sat on"], tokenizer=tiny_tokenizer, max_new_tokens=4)
+    assert isinstance(result, GenerationResult)
+    assert result.texts == [tiny_tokenizer.decode(ids, skip_special_tokens=True) for ids in result.token_ids]
+    one = generate(model, [5, 6, 7], max_new_tokens=4)  # a single token-id prompt
+    assert len(one.token_ids) == 1 and len(one.token_ids[0]) == 4
+
+
+def test_bad_arguments_say_what_is_allowed():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="longer than the last bucket 8"):
+        generate(model, [list(range(3, 15))], max_new_tokens=2, buckets=[4, 8])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, [[3, 4]], max_new_tokens=0)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(model, [[3, 4], []], max_new_tokens=2)
+
+
+def test_default_buckets_are_powers_of_two_from_16_and_plans_are_accepted():
+    from workbench.data.buckets import plan_buckets
+
+    model = tiny_model("llama")
+    result = generate(model, prompts((3, 16, 17, 40)), max_new_tokens=1)
+    assert result.buckets == [16, 16, 32, 64]
+    plan = plan_buckets([5, 9, 30, 31], 2, multiple_of=8)
+    assert generate(model, prompts((5, 31)), max_new_tokens=1, buckets=plan).buckets == [
+        plan.bucket_for(5),
+        plan.bucket_for(31),
+    ]
+
+
+def test_a_config_the_static_cache_cannot_lay_out_names_the_family():
+    from types import SimpleNamespace
+
+    odd = SimpleNamespace(model_type="mistral", sliding_window=8)  # not a transformers config at all
+    with pytest.raises(ValueError, match=r"family 'mistral' \(sliding_window=8"):
+        static_cache(SimpleNamespace(config=odd), 32)
+
+
+# ---- the training path keeps its KV cache off ------------------------------------------------------
+
+
+def test_built_models_have_the_kv_cache_off_and_generation_turns_it_on_per_call():
+    model = tiny_model("mistral", sliding_window=8)
+    assert model.config.use_cache is False
+    ids = torch.tensor([prompts((12,))[0]])
+    assert model(input_ids=ids).past_key_values is None  # a training forward builds no cache
+    assert generate(model, ids[0].tolist(), max_new_tokens=3).new_tokens == 3
+
+
+# ---- eval perplexity ---------------------------------------------------------------------------------
+
+
+def test_evaluate_reports_perplexity_beside_the_loss():
+    from tests.test_train import tiny_cfg, token_dataset
+    from workbench.analysis.metrics import perplexity
+    from workbench.train import Trainer
+
+    seen: list[dict] = []
+    cfg = tiny_cfg(**{"train.steps": 2, "train.log_every": 2, "train.eval_every": 2})
+    trainer = Trainer(
+        cfg, train_dataset=token_dataset(16), eval_dataset=token_dataset(8, 3), callbacks=[seen.append]
+    )
+    result = trainer.fit()
+    assert result.eval_perplexity == pytest.approx(math.exp(result.eval_loss))
+    assert seen[-1]["eval_perplexity"] == pytest.approx(math.exp(seen[-1]["eval_loss"]))
+    loss = trainer.evaluate()
+    assert isinstance(loss, float) and loss.perplexity == pytest.approx(math.exp(loss))
+    assert trainer.last_eval_loss == loss
+    assert perplexity(None) is None and perplexity(1e4) == math.inf
+
+
+# ---- the `generate` command --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    from workbench.data.tokenizer import train_tokenizer
+
+    corpus = ["the cat sat on the mat", "a dog sat on a log", "the cat and the dog"] * 20
+    return train_tokenizer(corpus, vocab_size=300)
+
+
+def test_generate_command_prints_the_text_of_a_saved_checkpoint(tmp_path, tiny_tokenizer, capsys):
+    from workbench.__main__ import main
+
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "ckpt")
+    tiny_tokenizer.save_pretrained(tmp_path / "ckpt")
+    args = ["generate", "--model", str(tmp_path / "ckpt"), "the cat", "--max-new-tokens", "5"]
+    assert main([*args, "--device-type", "cpu"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("the cat") and len(out.out.strip()) > len("the cat")
+    assert "tokens/s" in out.err
+
+
+def test_generate_command_fails_clearly_on_a_missing_or_bad_directory(tmp_path, capsys):
+    from workbench.__main__ import main
+
+    assert main(["generate", "--model", str(tmp_path / "nope"), "hi", "--device-type", "cpu"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["generate", "--model", str(tmp_path / "empty"), "hi", "--device-type", "cpu"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    assert main(["generate", "--model", str(tmp_path / "broken"), "hi", "--device-type", "cpu"]) == 2
+    assert "cannot load" in capsys.readouterr().err
+
+
+# ---- XLA:CPU: compiles, transfers, sliding windows, the memory probes -------------------------------
+
+
+@pytest.fixture(scope="module")
+def xla_generation(xla_scenario, tmp_path_factory):
+    """tests/xla/generation.py, once: generation on XLA:CPU for three families, and the memory probes
+    on a sliding-window Mistral (with the compile memory log on)."""
+    log = tmp_path_factory.mktemp("generation") / "compile.log"
+    env = {"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(log)}
+    return xla_scenario("generation", devices=1, env=env)
+
+
+FAMILIES = ["llama", "qwen2", "mistral"]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_xla_greedy_is_token_identical_to_cpu_model_generate(xla_generation, family):
+    run = xla_generation[family]
+    assert run["got"] == run["expected"]
+    assert run["buckets"] == [[8, 8, 16, 32]] * 2
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_xla_second_call_in_the_same_buckets_compiles_nothing(xla_generation, family):
+    first, second = xla_generation[family]["compiles"]
+    # three (rows, bucket) batches: prefill + one decode program each, plus the window's two phases
+    assert first == (9 if family == "mistral" else 6)
+    assert second == 0
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_xla_decoding_makes_no_per_token_host_transfers(xla_generation, family):
+    run = xla_generation[family]
+    assert run["transfers_second"] == run["expected_transfers_second"]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_sliding_window_generation_uses_a_window_sized_static_cache(xla_generation):
+    assert all(xla_generation["mistral"]["sliding_layers"])
+    assert not any(xla_generation["llama"]["sliding_layers"])
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_sampling_is_seeded_and_compiles_once(xla_generation):
+    sampled = xla_generation["llama"]["sampled"]
+    assert (
+        sampled["same_seed_same_tokens"] and sampled["other_seed_differs"] and sampled["differs_from_greedy"]
+    )
+    assert sampled["compiles"][1:] == [0, 0]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_memory_probe_and_batch_finder_run_on_a_sliding_window_family(xla_generation):
+    probes = xla_generation["probes"]
+    assert probes["peak_bytes"] > 0 and probes["programs"] >= 2
+    assert probes["batch"] == 8 and probes["batch_compiled_bytes"] > 0
