@@ -110,6 +110,16 @@ BAD = [
         ["train.dynamic_batch_every=10", "bucketing.tokens_per_batch=2048"],
         r"train\.dynamic_batch_every=10 is not allowed: must be 0 while bucketing\.tokens_per_batch=2048 is set",
     ),
+    (["lora.rnak=8"], r"unknown key 'lora\.rnak' in section 'lora'; did you mean 'lora\.rank'\?"),
+    (["lora.rank=-1"], r"lora\.rank=-1 is not allowed: must be >= 0 \(0 turns LoRA off\)"),
+    (["lora.rank=eight"], r"lora\.rank='eight' is not allowed: expected int"),
+    (["lora.alpha=0"], r"lora\.alpha=0\.0 is not allowed: must be > 0"),
+    (["lora.dropout=1"], r"lora\.dropout=1\.0 is not allowed: must be in \[0, 1\)"),
+    (
+        ["lora.target_modules=q-proj,v_proj"],
+        r"lora\.target_modules=\['q-proj', 'v_proj'\] is not allowed: 'auto' or a non-empty list of module names",
+    ),
+    (["lora.target_modules=[]"], r"lora\.target_modules=\[\] is not allowed: 'auto' or a non-empty list"),
 ]
 
 
@@ -130,6 +140,11 @@ def test_bad_overrides_name_field_value_and_allowed(overrides: list[str], messag
         ({"model": [1, 2]}, r"model must be a mapping"),
         ({"extra": {}}, r"unknown key 'extra' in the top level"),
         ({"model": {"hidden": 32}}, r"unknown key 'model\.hidden'.*did you mean 'model\.hidden_size'"),
+        (
+            {"lora": {"target_modules": ["q_proj", 3]}},
+            r"lora\.target_modules=\['q_proj', 3\] is not allowed: expected str or a list of str",
+        ),
+        ({"lora": {"rank": 1.5}}, r"lora\.rank=1\.5 is not allowed: expected int"),
     ],
 )
 def test_bad_dicts(data: dict, message: str) -> None:
@@ -151,3 +166,20 @@ def test_sections_are_independent_defaults() -> None:
     a.train.steps = 99
     assert b.train.steps != 99
     assert dataclasses.replace(ModelConfig(), hidden_size=128).hidden_size == 128
+
+
+def test_lora_section_defaults_overrides_and_round_trip(tmp_path: Path) -> None:
+    assert WorkbenchConfig().lora.rank == 0 and WorkbenchConfig().lora.target_modules == "auto"  # off
+    cfg = WorkbenchConfig().with_overrides(
+        ["lora.rank=8", "lora.alpha=32", "lora.dropout=0.05", "lora.target_modules=q_proj, v_proj"]
+    )
+    assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout) == (8, 32.0, 0.05)
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"]  # a comma-separated override is a list
+    assert WorkbenchConfig().with_overrides({"lora.target_modules": "[q_proj]"}).lora.target_modules == [
+        "q_proj"
+    ]
+    assert WorkbenchConfig().with_overrides({"lora.target_modules": "auto"}).lora.target_modules == "auto"
+    path = tmp_path / "lora.yaml"
+    cfg.to_yaml(path)
+    assert "target_modules:\n  - q_proj\n  - v_proj" in path.read_text()  # a YAML list
+    assert WorkbenchConfig.from_yaml(path) == cfg and WorkbenchConfig.from_dict(cfg.to_dict()) == cfg

@@ -353,3 +353,42 @@ def test_no_widgets_name_is_defined_twice():
                 homes.setdefault(name, []).append(str(path.relative_to(root)))
     twice = {n: h for n, h in homes.items() if len(h) > 1 and any(p.startswith("widgets") for p in h)}
     assert not twice, twice
+
+
+def test_lora_rank_makes_a_7b_model_fit_a_v5e_1(lengths):
+    """Llama-2-7B's shape (vocabulary 32000) on one v5e chip, bf16 weights, AdamW, gradient
+    checkpointing, 512 tokens, batch 1: full fine-tuning does not fit; LoRA rank 16 does."""
+    cfg = WorkbenchConfig().with_overrides({"model.vocab_size": 32000})
+    panel = ConfigPanel(cfg, target="v5e-1", lengths=lengths)
+    assert panel.lora_rank.value == 0 and 0 in [v for _, v in panel.lora_rank.options]
+    panel.set(
+        model_size="Llama-2-7B shape",
+        precision="bf16",
+        gradient_checkpointing=True,
+        seq_len=512,
+        batch_size=1,
+        optimizer="adamw",
+    )
+    assert panel.error is None
+    assert "does not fit" in panel.fits_html.value and panel.largest_batch == 0
+    assert "Full fine-tuning" in panel.trainable_html.value
+    panel.set(lora_rank=16)
+    assert panel.error is None and panel.config.lora.rank == 16 and "rank: 16" in panel.yaml
+    assert "✔ fits" in panel.fits_html.value and panel.largest_batch == 2
+    assert (
+        panel.estimate.lora_rank == 16
+        and panel.estimate.trainable_parameters < 0.01 * panel.estimate.num_parameters
+    )
+    assert "LoRA rank 16: <b class='wb-trainable-value'>39.98M</b>" in panel.trainable_html.value
+    # the panel shows what the estimator says for that config
+    direct = estimate(
+        panel.config.model,
+        batch_size=1,
+        seq_len=512,
+        precision="bf16",
+        gradient_checkpointing=True,
+        lora_rank=16,
+    )
+    assert panel.estimate.total_bytes == direct.total_bytes
+    panel.set(lora_rank=0)
+    assert "does not fit" in panel.fits_html.value

@@ -449,3 +449,64 @@ def test_fit_across_targets_plans_each_slice_with_fsdp_over_its_devices():
     assert eight["largest_batch"] % 8 == 0 and eight["largest_batch"] > one["largest_batch"]
     assert rows["tiny"]["fits"] is False and rows["tiny"]["largest_batch"] == 0
     assert rows["unknown"]["fits"] is None and rows["unknown"]["largest_batch"] is None
+
+
+# ---- LoRA -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "phi3"])
+def test_lora_estimate_counts_the_adapters_a_real_lora_model_trains(family):
+    peft = pytest.importorskip("peft")  # noqa: F841
+    from workbench.config import LoraConfig
+    from workbench.train.lora import apply_lora, parameter_counts
+
+    cfg = _cfg(family=family)
+    lora = apply_lora(build_model(cfg, seed=0), LoraConfig(rank=8))
+    trainable, total = parameter_counts(lora)
+    est = estimate(cfg, batch_size=2, seq_len=64, lora_rank=8, precision="fp32")
+    assert est.trainable_parameters == trainable and est.num_parameters == total - trainable
+    only_q = estimate(
+        cfg, batch_size=2, seq_len=64, lora_rank=8, lora_targets=["c_attn" if family == "gpt2" else "o_proj"]
+    )
+    assert 0 < only_q.trainable_parameters < est.trainable_parameters
+
+
+def test_lora_frozen_weights_have_no_gradients_or_optimizer_state():
+    kw = dict(batch_size=4, seq_len=128, precision="bf16", optimizer="adamw")
+    full, lora = estimate(TINY, **kw), estimate(TINY, lora_rank=4, **kw)
+    adapters = lora.trainable_parameters
+    # rank 4 on q, k, v, o, gate, up, down of 2 layers (hidden 64, kv 32, MLP 128)
+    assert adapters == 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 3 * (64 + 128))
+    assert lora.breakdown["params"] == full.breakdown["params"] + 4 * adapters  # adapters stay fp32
+    assert lora.breakdown["grads"] == 4 * adapters
+    assert lora.breakdown["optimizer"] == 2 * 4 * adapters  # AdamW: two fp32 moments per adapter weight
+    for part in ("activations", "logits", "inputs"):  # the backward pass still runs through every layer
+        assert lora.breakdown[part] == full.breakdown[part]
+    sgd = estimate(TINY, lora_rank=4, **{**kw, "optimizer": "sgd"})
+    assert sgd.breakdown["optimizer"] == 4 * adapters
+    assert full.lora_rank == 0 and full.trainable_parameters == full.num_parameters
+    with pytest.raises(ValueError, match=r"lora_targets \['q_prj'\] match no matrix of this llama model"):
+        estimate(TINY, lora_rank=4, lora_targets=["q_prj"], **kw)
+    with pytest.raises(ValueError, match=r"lora_rank=-1 is not allowed"):
+        estimate(TINY, lora_rank=-1, **kw)
+
+
+def test_a_7b_model_with_lora_fits_a_v5e_1_where_full_fine_tuning_does_not():
+    """Llama-2-7B's shape with its real vocabulary (32000) on one v5e chip (16 GiB): bf16 weights,
+    AdamW, gradient checkpointing, 512-token sequences, LoRA rank 16 on every projection."""
+    from workbench.backend.targets import TARGETS
+    from workbench.models.presets import MODEL_PRESETS
+
+    cfg = ModelConfig(**MODEL_PRESETS["Llama-2-7B shape"], vocab_size=32000)
+    memory = TARGETS["v5e-1"].memory_per_device_bytes
+    kw = dict(seq_len=512, precision="bf16", optimizer="adamw", gradient_checkpointing=True)
+    lora = estimate(cfg, batch_size=1, lora_rank=16, **kw)
+    full = estimate(cfg, batch_size=1, **kw)
+    assert lora.fits(memory) and not full.fits(memory)
+    assert 39e6 < lora.trainable_parameters < 41e6  # rank 16 on q, k, v, o, gate, up, down: 40.0M
+    assert 13 < lora.total_gib < 14.4 < 50 < full.total_gib
+    assert max_batch_size(cfg, memory_bytes=memory, lora_rank=16, **kw) == 2
+    assert max_batch_size(cfg, memory_bytes=memory, **kw) == 0
+    plan = find_batch_size(cfg, memory_bytes=memory, lora_rank=16, **kw)
+    assert plan.batch_size == 2 and plan.estimate.lora_rank == 16
+    assert find_batch_size(cfg, memory_bytes=memory, **kw).batch_size == 0

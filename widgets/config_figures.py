@@ -9,8 +9,8 @@ here turn those into
   `draw_memory`);
 - the token-length histogram with the planned bucket boundaries (`new_length_figure`,
   `draw_bucket_plan`);
-- the HTML of the readouts: estimate, fits sign, largest batch, bucket efficiency, error, YAML
-  (the ``*_readout`` functions).
+- the HTML of the readouts: estimate, fits sign, largest batch, trainable parameters (all, or
+  the LoRA adapters), bucket efficiency, error, YAML (the ``*_readout`` functions).
 
 Figures are edited in place in one batched update and their synced state refreshed
 (`widgets.figures.sync_state`), so a page that attaches late draws them too.
@@ -158,6 +158,25 @@ def largest_batch_readout(largest: int | None) -> str:
     return f"Largest batch that fits: <b>{largest}</b> (global)"
 
 
+def trainable_readout(est: Any) -> str:
+    """What trains: every parameter, or (LoRA) the adapters and their share of the model."""
+    total = est.num_parameters
+    if not est.lora_rank:
+        return f"Full fine-tuning: <b>{_count(total)}</b> parameters train"
+    share = 100 * est.trainable_parameters / max(total, 1)
+    return (
+        f"LoRA rank {est.lora_rank}: <b class='wb-trainable-value'>{_count(est.trainable_parameters)}</b> "
+        f"adapter parameters train ({share:.2f}% of {_count(total)}); the base is frozen"
+    )
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
 def bucket_readout(plan: Any, missing: str | None = None) -> str:
     """The plan's boundaries, padding efficiency and shape count; `missing` says why there is no plan."""
     if plan is None:
@@ -189,5 +208,6 @@ __all__ = [
     "largest_batch_readout",
     "new_length_figure",
     "new_memory_figure",
+    "trainable_readout",
     "yaml_readout",
 ]

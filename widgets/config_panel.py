@@ -1,13 +1,14 @@
 """A live panel for tuning a `WorkbenchConfig` with its memory and bucketing consequences in view.
 
 Controls: model size, batch size, sequence length, gradient accumulation, optimizer, precision,
-gradient checkpointing, mesh axes (only the factorisations of the target's device count are
+gradient checkpointing, LoRA rank (0 = full fine-tuning), mesh axes (only the factorisations of the target's device count are
 offered), bucket count, and the target hardware (the detected one or a named slice such as
 v5e-8). Every change redraws, live:
 
 - the per-device memory estimate (`workbench.analysis.estimate.estimate`) as a stacked bar of
   its breakdown against the target's memory per device, with a fits / does-not-fit sign;
 - the largest global batch that fits (`workbench.analysis.batch.max_batch_size`);
+- the parameters that train (all of them, or the LoRA adapters);
 - the length histogram of the data with the planned bucket boundaries
   (`workbench.data.buckets.plan_buckets`) and their padding efficiency;
 - the resulting config object (`.config`) and its YAML (`.yaml`).
@@ -43,6 +44,7 @@ from widgets.config_figures import (
     largest_batch_readout,
     new_length_figure,
     new_memory_figure,
+    trainable_readout,
     yaml_readout,
 )
 from workbench.analysis.batch import max_batch_size
@@ -56,6 +58,8 @@ from workbench.models.presets import MODEL_PRESETS
 OWN_MODEL = "as configured"
 
 SEQ_LENS = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+LORA_RANKS = [0, 4, 8, 16, 32, 64, 128]
+"""The LoRA ranks offered (0: off, full fine-tuning), plus the config's own."""
 
 
 def _mesh_label(axes: tuple[int, int, int]) -> str:
@@ -191,6 +195,16 @@ class ConfigPanel:
         self.checkpointing = ipw.Checkbox(
             value=cfg.train.gradient_checkpointing, description="Gradient checkpointing", indent=False
         )
+        self.lora_rank = ipw.Dropdown(
+            options=[
+                (f"{r} (off: full fine-tuning)" if r == 0 else str(r), r)
+                for r in sorted({*LORA_RANKS, cfg.lora.rank})
+            ],
+            value=cfg.lora.rank,
+            description="LoRA rank",
+            style=style,
+            layout=wide,
+        )
         self.mesh = ipw.Dropdown(description="Mesh axes", style=style, layout=wide)
         self._set_mesh_options(target.num_devices, preferred=(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model))
         self.buckets = ipw.IntSlider(
@@ -208,6 +222,7 @@ class ConfigPanel:
             (self.buckets, "wb-buckets"),
             (self.mesh, "wb-mesh"),
             (self.target_choice, "wb-target"),
+            (self.lora_rank, "wb-lora-rank"),
         ):
             w.add_class(name)
 
@@ -223,6 +238,7 @@ class ConfigPanel:
         self.estimate_html = ipw.HTML().add_class("wb-memory-estimate")
         self.fits_html = ipw.HTML().add_class("wb-fits")
         self.max_batch_html = ipw.HTML().add_class("wb-max-batch")
+        self.trainable_html = ipw.HTML().add_class("wb-trainable")
         self.buckets_html = ipw.HTML().add_class("wb-bucket-efficiency")
         self.error_html = ipw.HTML().add_class("wb-error")
         self.yaml_html = ipw.HTML().add_class("wb-yaml")
@@ -239,6 +255,7 @@ class ConfigPanel:
             self.optimizer,
             self.precision,
             self.checkpointing,
+            self.lora_rank,
             self.mesh,
             self.buckets,
         ):
@@ -283,6 +300,7 @@ class ConfigPanel:
             "train.optimizer": self.optimizer.value,
             "train.precision": self.precision.value,
             "train.gradient_checkpointing": self.checkpointing.value,
+            "lora.rank": self.lora_rank.value,
             "data.max_length": self.seq_len.value,
             "bucketing.max_buckets": self.buckets.value,
             "mesh.data": data,
@@ -307,6 +325,8 @@ class ConfigPanel:
             gradient_checkpointing=cfg.train.gradient_checkpointing,
             mesh=dict(zip(("data", "fsdp", "model"), self.mesh.value)),
             grad_accum=cfg.train.grad_accum,
+            lora_rank=cfg.lora.rank,
+            lora_targets=cfg.lora.target_modules,
         )
 
     def _bucket_plan(self, cfg: WorkbenchConfig) -> Any:
@@ -400,6 +420,7 @@ class ConfigPanel:
         self.estimate_html.value = estimate_readout(est.total_bytes, limit, self.target.label)
         self.fits_html.value = fits_readout(fits)
         self.max_batch_html.value = largest_batch_readout(largest)
+        self.trainable_html.value = trainable_readout(est)
         self.error_html.value = error_readout(None)
         self.yaml_html.value = yaml_readout(cfg.to_yaml())
         draw_memory(self.memory_figure, est, limit, self.headroom)
@@ -420,6 +441,7 @@ class ConfigPanel:
                 self.optimizer,
                 self.precision,
                 self.checkpointing,
+                self.lora_rank,
                 self.mesh,
                 self.buckets,
             ]
@@ -430,7 +452,14 @@ class ConfigPanel:
         """The whole panel: controls, readouts, the two figures and the YAML."""
         if not hasattr(self, "_widget"):
             readouts = ipw.VBox(
-                [self.estimate_html, self.fits_html, self.max_batch_html, self.buckets_html, self.error_html]
+                [
+                    self.estimate_html,
+                    self.fits_html,
+                    self.max_batch_html,
+                    self.trainable_html,
+                    self.buckets_html,
+                    self.error_html,
+                ]
             )
             yaml_box = ipw.Accordion(children=[self.yaml_html], titles=("Config YAML",))
             self._widget = ipw.VBox(
@@ -459,6 +488,7 @@ class ConfigPanel:
             "optimizer": self.optimizer,
             "precision": self.precision,
             "gradient_checkpointing": self.checkpointing,
+            "lora_rank": self.lora_rank,
             "mesh": self.mesh,
             "buckets": self.buckets,
         }
@@ -494,4 +524,4 @@ def measure_redraw(panel: ConfigPanel, changes: Iterable[dict[str, Any]]) -> lis
     return out
 
 
-__all__ = ["OWN_MODEL", "SEQ_LENS", "ConfigPanel", "measure_redraw"]
+__all__ = ["LORA_RANKS", "OWN_MODEL", "SEQ_LENS", "ConfigPanel", "measure_redraw"]

@@ -1,6 +1,6 @@
 """[from config] Typed configuration for a workbench run.
 
-One `WorkbenchConfig` holds five sections (model, data, bucketing, mesh, train), each a
+One `WorkbenchConfig` holds six sections (model, data, bucketing, mesh, train, lora), each a
 dataclass whose fields carry a docstring-comment below them. Configs come from YAML
 (safe loader only), are overridden with dotted ``key=value`` strings (the form a CLI flag
 or a papermill parameter takes), round-trip through ``to_dict`` / ``from_dict`` and save
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -170,6 +171,26 @@ class TrainConfig:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank r: 0 trains every weight (full fine-tuning); r >= 1 freezes the base model and trains rank-r adapters."""
+    alpha: float = 16.0
+    """Adapter scale numerator: the adapter's update is multiplied by alpha / rank."""
+    dropout: float = 0.0
+    """Dropout on each adapter's input, in [0, 1) (0 keeps runs comparable across devices)."""
+    target_modules: str | list[str] = "auto"
+    """'auto': the attention and MLP projections (the family's tensor-parallel plan or sharding rules); else module names, matched as suffixes (e.g. [q_proj, v_proj] or 'q_proj,v_proj')."""
+
+    def __post_init__(self) -> None:
+        # "q_proj,v_proj" or "[q_proj, v_proj]" (an override or a papermill string) is a list of names
+        if isinstance(self.target_modules, str) and self.target_modules.strip() != "auto":
+            text = self.target_modules.strip().removeprefix("[").removesuffix("]")
+            self.target_modules = [name.strip().strip("'\"") for name in text.split(",") if name.strip()]
+        elif isinstance(self.target_modules, str) or self.target_modules == ["auto"]:
+            self.target_modules = "auto"
+
+
+@dataclass
 class WorkbenchConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model to build or load."""
@@ -181,6 +202,8 @@ class WorkbenchConfig:
     """Device mesh for SPMD sharding."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Optimisation and the training loop."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA fine-tuning (off while `lora.rank` is 0)."""
 
     # ---- construction -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -291,6 +314,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
 
 
 _TRUE = {"true", "yes", "on", "1"}
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 _FALSE = {"false", "no", "off", "0"}
 
 
@@ -334,6 +358,8 @@ def _describe(hint: Any) -> str:
             parts.append("one of " + ", ".join(repr(a) for a in get_args(option)))
         elif option is type(None):
             parts.append("null")
+        elif get_origin(option) is list:
+            parts.append(f"a list of {get_args(option)[0].__name__}")
         else:
             parts.append(getattr(option, "__name__", str(option)))
     return " or ".join(parts)
@@ -353,6 +379,9 @@ def _check_value(value: Any, hint: Any, name: str) -> Any:
             return float(value)
         if option is str and isinstance(value, str):
             return value
+        list_of = get_args(option)[0] if get_origin(option) is list else None
+        if list_of is not None and isinstance(value, list) and all(isinstance(v, list_of) for v in value):
+            return list(value)
     raise ConfigError(f"{name}={value!r} is not allowed: expected {_describe(hint)}")
 
 
@@ -464,6 +493,17 @@ def _validate(obj: Any, prefix: str) -> None:
             f"{p}distill_hidden_weight",
             obj.distill_hidden_weight,
             "must be >= 0",
+        )
+    elif isinstance(obj, LoraConfig):
+        _require(obj.rank >= 0, f"{p}rank", obj.rank, "must be >= 0 (0 turns LoRA off)")
+        _require(obj.alpha > 0, f"{p}alpha", obj.alpha, "must be > 0")
+        _require(0.0 <= obj.dropout < 1.0, f"{p}dropout", obj.dropout, "must be in [0, 1)")
+        names = obj.target_modules
+        _require(
+            names == "auto" or (bool(names) and all(_MODULE_NAME.fullmatch(n) for n in names)),
+            f"{p}target_modules",
+            names,
+            "'auto' or a non-empty list of module names (letters, digits, '_', '.'; e.g. [q_proj, v_proj])",
         )
     elif isinstance(obj, WorkbenchConfig):
         _require(

@@ -41,6 +41,8 @@ def max_batch_size(
     The batch is a multiple of `multiple_of` and of the data-parallel size (data x fsdp) of a
     ``mesh=`` in `estimate_kwargs` (their least common multiple): `estimate` refuses a batch
     that does not split over the mesh, so the default ``multiple_of=1`` works with a mesh too.
+    `estimate_kwargs` go to `estimate` as they are (optimizer, precision, mesh, ``lora_rank`` and
+    ``lora_targets`` for a LoRA run, ...).
     """
     check_positive("multiple_of", multiple_of)
     check_positive("memory_bytes", memory_bytes)

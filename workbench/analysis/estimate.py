@@ -40,6 +40,7 @@ the largest batch that fits is `workbench.analysis.batch`'s question.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -284,13 +285,51 @@ def optimizer_state_elements(shape: ModelShape, optimizer: str) -> int:
     adafactor (no momentum), a row and a column second-moment vector per matrix, the full
     second moment for vectors; sgd (momentum 0.9), one momentum buffer per parameter.
     """
+    if optimizer in ("adamw", "sgd"):  # counted from the real model's parameter total when there is one
+        return (2 if optimizer == "adamw" else 1) * shape.num_parameters
+    return state_elements([s for _, s in shape.parameter_shapes()], optimizer)
+
+
+def state_elements(shapes: list[tuple[int, ...]], optimizer: str) -> int:
+    """Optimizer state elements for parameters of `shapes` (see `optimizer_state_elements`)."""
+    n = sum(math.prod(s) for s in shapes)
     if optimizer == "adamw":
-        return 2 * shape.num_parameters
+        return 2 * n
     if optimizer == "sgd":
-        return shape.num_parameters
+        return n
     if optimizer == "adafactor":
-        return sum(s[0] + s[1] if len(s) == 2 else math.prod(s) for _, s in shape.parameter_shapes())
+        return sum(s[0] + s[1] if len(s) == 2 else math.prod(s) for s in shapes)
     raise ValueError(f"optimizer={optimizer!r} is not allowed: one of {', '.join(map(repr, OPTIMIZERS))}")
+
+
+def lora_adapter_shapes(
+    shape: ModelShape, rank: int, targets: str | Sequence[str] = "auto"
+) -> list[tuple[str, tuple[int, ...]]]:
+    """The LoRA adapters' tensors: ``A [rank, in]`` and ``B [out, rank]`` for every targeted matrix.
+
+    ``"auto"`` targets every matrix of the transformer blocks (the attention and MLP projections,
+    what `workbench.train.lora` adapts); a list names modules by their last name part (``q_proj``,
+    ``c_attn``, ...). Linear weights are ``[out, in]``, GPT-2's Conv1D ones ``[in, out]``.
+    """
+    check_positive("lora_rank", rank)
+    matrices = [(name.removesuffix(".weight"), s) for name, s in shape.parameter_shapes() if len(s) == 2]
+    if targets == "auto":
+        chosen = [(name, s) for name, s in matrices if name.startswith("layers.")]
+    else:
+        wanted = {t.rsplit(".", 1)[-1] for t in targets}
+        chosen = [(name, s) for name, s in matrices if name.rsplit(".", 1)[-1] in wanted]
+        found = {name.rsplit(".", 1)[-1] for name, _ in chosen}
+        if wanted - found:
+            existing = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, _ in matrices))
+            raise ValueError(
+                f"lora_targets {sorted(wanted - found)} match no matrix of this {shape.family} model "
+                f"(its matrices: {', '.join(existing)})"
+            )
+    out = []
+    for name, (rows, cols) in chosen:
+        n_in, n_out = (rows, cols) if shape.gpt2_style else (cols, rows)
+        out += [(f"{name}.lora_A", (rank, n_in)), (f"{name}.lora_B", (n_out, rank))]
+    return out
 
 
 # ---- the estimate ----------------------------------------------------------------------
@@ -313,6 +352,10 @@ class MemoryEstimate:
     mesh: dict[str, int] = field(default_factory=dict)
     attention: str = "eager"
     num_parameters: int = 0
+    lora_rank: int = 0
+    """LoRA rank (0: full fine-tuning)."""
+    trainable_parameters: int = 0
+    """Parameters with gradients and optimizer state: all of them, or the LoRA adapters."""
 
     def fits(self, memory_bytes: int | None, headroom: float = 0.1) -> bool:
         """True when the estimate stays under `memory_bytes` less a `headroom` fraction (XLA's own
@@ -395,6 +438,8 @@ def estimate(
     mesh: Any = None,
     grad_accum: int = 1,
     attention: str | None = None,
+    lora_rank: int = 0,
+    lora_targets: str | Sequence[str] = "auto",
 ) -> MemoryEstimate:
     """Per-device peak memory of one training step (forward, backward, optimizer update).
 
@@ -402,6 +447,11 @@ def estimate(
     workbench `ModelConfig`. `batch_size`: the global micro-batch, split over the mesh's
     data x fsdp axes. `mesh`: a resolved `MeshSpec` (or a dict of axis sizes); None is one device.
     `attention`: 'eager' (scores materialised) or 'flash'; default: what the config says.
+    `lora_rank` > 0: LoRA fine-tuning (`workbench.train.lora`) of `lora_targets` (see
+    `lora_adapter_shapes`): the frozen base weights have no gradients and no optimizer state;
+    the adapters (fp32, as peft keeps them, replicated on every device) have weights, gradients
+    and optimizer state. Activations are counted as for full fine-tuning: the backward pass still
+    runs through every layer (the adapters' own rank-sized activations are left out).
     """
     shape = model_shape(model_config)
     if attention is not None:
@@ -427,8 +477,16 @@ def estimate(
 
     breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0)
     breakdown["params"] = math.ceil(n * nbytes.param / shard)
-    breakdown["grads"] = math.ceil(n * nbytes.grad / shard)
-    breakdown["optimizer"] = math.ceil(optimizer_state_elements(shape, optimizer) * nbytes.state / shard)
+    if lora_rank:
+        adapters = [s for _, s in lora_adapter_shapes(shape, lora_rank, lora_targets)]
+        trainable = sum(math.prod(s) for s in adapters)
+        breakdown["params"] += trainable * 4
+        breakdown["grads"] = trainable * 4
+        breakdown["optimizer"] = state_elements(adapters, optimizer) * 4
+    else:
+        trainable = n
+        breakdown["grads"] = math.ceil(n * nbytes.grad / shard)
+        breakdown["optimizer"] = math.ceil(optimizer_state_elements(shape, optimizer) * nbytes.state / shard)
     if sizes["fsdp"] > 1:
         # XLA hoists the all-gathers: the full weights (model-parallel shard) stay live through the step
         breakdown["gathered_params"] = math.ceil(n * nbytes.compute / mp)
@@ -467,6 +525,8 @@ def estimate(
         mesh=sizes,
         attention=shape.attention,
         num_parameters=n,
+        lora_rank=lora_rank,
+        trainable_parameters=trainable,
     )
 
 

@@ -58,6 +58,8 @@ def memory_batch_cap(
                 precision=train.precision,
                 gradient_checkpointing=train.gradient_checkpointing,
                 mesh=mesh,
+                lora_rank=cfg.lora.rank,
+                lora_targets=cfg.lora.target_modules,
             )
         )
     except Exception as err:  # an estimate that cannot be made must not stop training

@@ -2,7 +2,9 @@
 (`TrainingState`), which gathers the state of each component from its owner.
 
 The loop's fields are checkpointed as one object under ``"loop"``; model, optimizer, scheduler
-and RNG states sit beside it under their own keys.
+and RNG states sit beside it under their own keys. A model with frozen parameters (LoRA) is
+checkpointed by its trainable ones only (`model_state`): the frozen base comes back from where
+the run builds or loads it, so a LoRA checkpoint is the adapters' size plus their optimizer state.
 """
 
 from __future__ import annotations
@@ -68,6 +70,35 @@ class LoopState:
             setattr(self, f.name, int(state[f.name]))
 
 
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model tensors a checkpoint holds: the whole state dict, or, when some parameters are frozen
+    (a LoRA model's base), only the trainable parameters (detached: they share the live storage)."""
+    params = list(model.named_parameters())
+    if all(p.requires_grad for _, p in params):
+        return model.state_dict()
+    return {name: p.detach() for name, p in params if p.requires_grad}
+
+
+def load_model_state(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    """Copy `saved` (what `model_state` wrote) into the live model, keeping each tensor's device and sharding."""
+    live = model_state(model)
+    if live.keys() != saved.keys():
+        missing, extra = sorted(live.keys() - saved.keys()), sorted(saved.keys() - live.keys())
+        raise ValueError(
+            f"the checkpoint's model holds {len(saved)} tensors, this run trains {len(live)}"
+            + (f"; missing {missing[:3]}" if missing else "")
+            + (f"; unexpected {extra[:3]}" if extra else "")
+            + ": resume with the model and LoRA settings (lora.*) the checkpoint was written with"
+        )
+    if all(p.requires_grad for p in model.parameters()):
+        model.load_state_dict(saved)
+        return
+    with torch.no_grad():
+        for name, value in saved.items():
+            if value is not live[name]:
+                live[name].copy_(value.to(live[name].dtype))
+
+
 @dataclass
 class TrainingState:
     """Everything a checkpoint holds, gathered from its owners: model, objective, optimizer,
@@ -87,7 +118,7 @@ class TrainingState:
     def state_dict(self, config: dict[str, Any]) -> dict[str, Any]:
         """The nested dict `CheckpointManager.save` writes (with the run's config beside it)."""
         state: dict[str, Any] = {
-            "model": self.model.state_dict(),
+            "model": model_state(self.model),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "loop": self.loop.state_dict(),
@@ -100,13 +131,13 @@ class TrainingState:
 
     def load(self, checkpoints: CheckpointManager, path: Path) -> None:
         """Restore from `path`; the optimizer state must already exist (sharded loads need destinations)."""
-        into = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        into = {"model": model_state(self.model), "optimizer": self.optimizer.state_dict()}
         if self._has_objective_state():
             into["objective"] = self.objective.state_dict()
         state = checkpoints.load(path, into=into)
         with torch.no_grad():
             if state["model"] is not into["model"]:
-                self.model.load_state_dict(state["model"])
+                load_model_state(self.model, state["model"])
             if "objective" in state:
                 self.objective.load_state_dict(state["objective"])
         load_optimizer_state(self.optimizer, state["optimizer"])

@@ -44,6 +44,7 @@ from workbench.train import warmup
 from workbench.train.checkpoint import CheckpointManager
 from workbench.train.distill import DistillationObjective, DistillSettings
 from workbench.train.ladder import batch_ladder
+from workbench.train.lora import apply_lora, save_model
 from workbench.train.objective import CausalLMObjective
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import build_optimizer, warmup_cosine
@@ -158,7 +159,7 @@ class Trainer:
         if model is None:
             vocab = len(self.tokenizer) if self.tokenizer is not None else None
             model = build_model(cfg.model, vocab_size=vocab, seed=train.seed)
-        self.model = prepare_model(model, train, xla=self.xla)
+        self.model = prepare_model(model, train, xla=self.xla, lora=cfg.lora)
         self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher = teacher
         self.objective = build_objective(self.model, teacher, train, mesh=self.mesh, device=self.device)
@@ -180,13 +181,7 @@ class Trainer:
         self.training_state = TrainingState(
             self.model, self.objective, self.optimizer, self.scheduler, self.loop, self.xla
         )
-        self.checkpoints = (
-            CheckpointManager(
-                train.checkpoint_dir, keep=train.keep_checkpoints, sharded=self.mesh is not None
-            )
-            if train.checkpoint_dir
-            else None
-        )
+        self.checkpoints = checkpoint_manager(train, sharded=self.mesh is not None)
         self.history: list[RunMetrics] = []
         self.checkpoint_path: str | None = None
         self.last_eval_loss: float | None = None
@@ -300,16 +295,18 @@ class Trainer:
         self._notice(f"resumed from {path} at step {self.loop.step}")
         return path
 
+    def save_pretrained(self, path: str | Path, merged: bool = False) -> Path:
+        """Export the model with the tokenizer beside it: a LoRA run as a peft adapter directory
+        (`peft.PeftModel.from_pretrained(base, path)` loads it), a merged LoRA model (``merged=True``)
+        or a full fine-tune as a `transformers` model directory (`workbench.train.lora.save_model`)."""
+        return save_model(self.model, path, merged=merged, tokenizer=self.tokenizer)
+
     # ---- the loop ----
     def fit(self) -> TrainResult:
         """Resume if asked, warm up, then train until `train.steps` optimizer steps are done."""
         train = self.cfg.train
-        if (
-            train.precision == "bf16-mixed"
-            and self.hw.backend == "cuda"
-            and not torch.cuda.is_bf16_supported()
-        ):
-            self._notice("precision bf16-mixed: this GPU has no bf16; running fp32")
+        for message in precision_notices(train, self.hw):
+            self._notice(message)
         if self.checkpoints is not None and train.resume and self.checkpoints.latest() is not None:
             self.load_checkpoint()
         self.engine.init_state()
@@ -410,14 +407,32 @@ class Trainer:
         self._notice(f"dynamic batch: step {loop.step}: batch {old} -> {loop.batch_size}")
 
 
-def prepare_model(model: torch.nn.Module, train: Any, *, xla: bool) -> torch.nn.Module:
-    """Precision, no KV cache (training never decodes), gradient checkpointing: as `train` says."""
+def prepare_model(model: torch.nn.Module, train: Any, *, xla: bool, lora: Any = None) -> torch.nn.Module:
+    """Precision, no KV cache (training never decodes), gradient checkpointing: as `train` says; then,
+    with ``lora.rank > 0``, the LoRA model (frozen base, seeded adapters: `workbench.train.lora`).
+    Runs on the host, before the model is placed on its device or mesh."""
     if train.precision == "bf16":
         model.to(torch.bfloat16)
     no_kv_cache(model)  # a model handed in did not come through build_model
     if train.gradient_checkpointing:
         enable_gradient_checkpointing(model, xla=xla)
+    if lora is not None and lora.rank > 0:
+        model = apply_lora(model, lora, seed=train.seed)
     return model
+
+
+def checkpoint_manager(train: Any, *, sharded: bool) -> CheckpointManager | None:
+    """Checkpoints under ``train.checkpoint_dir`` (None when it is not set); sharded under SPMD."""
+    if not train.checkpoint_dir:
+        return None
+    return CheckpointManager(train.checkpoint_dir, keep=train.keep_checkpoints, sharded=sharded)
+
+
+def precision_notices(train: Any, hw: HardwareInfo) -> list[str]:
+    """What the run says about its precision on this hardware (bf16-mixed on a GPU without bf16)."""
+    if train.precision == "bf16-mixed" and hw.backend == "cuda" and not torch.cuda.is_bf16_supported():
+        return ["precision bf16-mixed: this GPU has no bf16; running fp32"]
+    return []
 
 
 def place(module: torch.nn.Module, mesh: Any, device: Any) -> Any:

@@ -16,6 +16,7 @@ import torch
 
 from workbench.data.loader import prewarm, synthetic_batch
 from workbench.train.optim import restore_optimizer_scalars
+from workbench.train.state import model_state
 from workbench.train.state_io import capture_rng, flatten_state, host_tensors, restore_rng, unflatten_state
 from workbench.train.step import StepEngine
 from workbench.train.stream import TrainingData
@@ -23,7 +24,7 @@ from workbench.train.stream import TrainingData
 
 def _live_state(engine: StepEngine) -> dict[str, Any]:
     return {
-        "model": engine.model.state_dict(),
+        "model": model_state(engine.model),  # a LoRA model's trainable part: the frozen base never changes
         "objective": engine.objective.state_dict(),
         "optimizer": engine.optimizer.state_dict(),
     }
