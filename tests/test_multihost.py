@@ -201,6 +201,27 @@ def test_pod_launch_command_rejects_bad_input(kwargs, message):
         pod_launch_command(**kwargs)
 
 
+def test_the_remote_command_parses_as_python_m_workbench_train():
+    from workbench.__main__ import parse_args
+
+    cfg = WorkbenchConfig().with_overrides(
+        ["data.source=/data/it's here.jsonl", "train.max_grad_norm=null", "train.learning_rate=1e-05"]
+    )
+    command = pod_launch_command(
+        cfg,
+        tpu_name="tpu",
+        zone="us-central2-b",
+        config_path="configs/my pod.yaml",
+        overrides=["train.steps=7"],
+    )
+    remote = shlex.split(shlex.split(command)[-1][len("--command=") :])
+    assert remote[4:8] == ["python3", "-m", "workbench", "train"]
+    args = parse_args(remote[7:])  # what `python3 -m workbench` hands to its parser
+    assert (args.command, args.config) == ("train", "configs/my pod.yaml")
+    assert args.overrides == [*config_overrides(cfg), "train.steps=7"]
+    assert WorkbenchConfig().with_overrides(args.overrides) == cfg.with_overrides(["train.steps=7"])
+
+
 def test_config_overrides_only_lists_changes():
     assert config_overrides(WorkbenchConfig()) == []
     cfg = WorkbenchConfig().with_overrides(["model.pretrained_path=/m", "train.max_grad_norm=null"])

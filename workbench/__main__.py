@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {info,smoke,demo,generate}``."""
+"""Command line: ``python -m workbench {info,smoke,demo,generate,train}``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import argparse
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line; `parse_args` applies it."""
+    from workbench.run import add_train_arguments
+
     parser = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="show the detected hardware")
@@ -25,7 +28,30 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--device-type", default="auto", choices=["auto", "tpu", "cuda", "xla", "cpu"])
-    args = parser.parse_args(argv)
+    add_train_arguments(
+        sub.add_parser(
+            "train",
+            help="train from a YAML config with dotted overrides (the command a pod launch runs)",
+            description="Train from --config FILE with KEY=VALUE overrides; exit 0 done, 1 failed while "
+            "training, 2 could not start (bad config, missing file, hardware), 130 interrupted.",
+        )
+    )
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse `argv`; ``train`` takes its KEY=VALUE overrides before, between or after its options."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "train" and not any(a.startswith("-") for a in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     from workbench.backend.hardware import HardwareError, detect
 
@@ -44,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(args.out)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "train":
+            from workbench.run import run_train_command
+
+            return run_train_command(args)
     except HardwareError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -214,9 +214,11 @@ def pod_launch_command(
     """The ``gcloud compute tpus tpu-vm ssh`` command that runs the same job on every worker.
 
     The remote command changes to `workdir` (where the repository is checked out on every
-    worker), sets `env` (``PJRT_DEVICE=TPU`` by default) and runs `entrypoint` with
-    ``--config config_path`` and the overrides: the given ones after those generated from
-    `cfg` (every field that differs from the defaults, so the workers need no config file).
+    worker), sets `env` (``PJRT_DEVICE=TPU`` by default) and runs `entrypoint`, by default
+    ``python3 -m workbench train`` (`workbench.run`: exit 0 trained, 1 failed while training,
+    2 could not start), with ``--config config_path`` and the ``section.field=value`` overrides:
+    the given ones after those generated from `cfg` (every field that differs from the defaults,
+    so the workers need no config file). The overrides apply in that order, after the file.
     Everything is shell-quoted twice: once for the remote shell, once for the local one.
     Returned (and printed with `echo=True`), never executed.
     """

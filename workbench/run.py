@@ -1,0 +1,216 @@
+"""`python -m workbench train`: one headless training run from a YAML config and dotted overrides.
+
+Its one job: turn ``--config FILE key=value ...`` into a finished `Trainer` run and report it the
+way a terminal, a TPU VM and a pod launch (`multihost.pod_launch_command` writes this command)
+can use: the hardware and a progress bar while it runs, then a short summary on the main process
+(steps, final loss, tokens/s, compiles after warm-up, checkpoint, notices), the metrics history
+as JSON (``--metrics-out``), the trained model (``--save-pretrained``) and an exit code.
+
+Exit codes: 0 trained (or nothing left to train after a resume); 1 training failed while running
+(the traceback, then one ``error:`` line, on stderr); 2 the run could not start (a bad config or
+override, a missing file, hardware that is not there, data or a mesh that does not work out: one
+``error:`` line on stderr, no traceback); 130 interrupted.
+
+With ``train.checkpoint_dir`` set, a second run with the same directory resumes from its latest
+checkpoint (``train.resume``, on by default) and continues to ``train.steps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import traceback
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from workbench.backend import multihost
+from workbench.backend.hardware import HardwareError
+from workbench.config import WorkbenchConfig, load_config
+
+EXIT_OK, EXIT_FAILED, EXIT_CANNOT_START, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+# What stops a run before its first step and is the user's to fix: the messages name the field,
+# value or path (ConfigError, MultiHostError, MeshError, ShardingError are ValueErrors).
+_CANNOT_START = (ValueError, OSError, HardwareError)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``train`` sub-command's arguments (`workbench.__main__` owns the parser)."""
+    parser.add_argument("--config", metavar="FILE", help="YAML config (omitted: the defaults)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted config overrides applied after the file, e.g. train.steps=50 mesh.fsdp=8",
+    )
+    parser.add_argument("--metrics-out", metavar="FILE", help="write the metrics history and summary as JSON")
+    parser.add_argument(
+        "--save-pretrained",
+        metavar="DIR",
+        help="save the trained model with its tokenizer to DIR at the end (Trainer.save_pretrained)",
+    )
+
+
+def run_train_command(args: argparse.Namespace) -> int:
+    """Run ``python -m workbench train`` for parsed `args`; returns the exit code."""
+    try:
+        trainer, resume_step = _set_up(args)
+    except KeyboardInterrupt:
+        return _fail("interrupted before training started", EXIT_INTERRUPTED)
+    except _CANNOT_START as err:
+        return _fail(" ".join(str(err).split()) or type(err).__name__, EXIT_CANNOT_START)
+    except Exception as err:
+        traceback.print_exc()
+        return _fail(f"setting up the run failed: {_one_line(err)}", EXIT_FAILED)
+    with _notices_as_lines():
+        try:
+            result = trainer.fit()
+        except KeyboardInterrupt:
+            _write_metrics(args.metrics_out, trainer, None, "interrupted")
+            return _fail(f"interrupted at step {trainer.loop.step}", EXIT_INTERRUPTED)
+        except Exception as err:
+            traceback.print_exc()
+            _write_metrics(args.metrics_out, trainer, None, "failed")
+            return _fail(f"training failed at step {trainer.loop.step}: {_one_line(err)}", EXIT_FAILED)
+    saved = None
+    if args.save_pretrained:
+        try:
+            # every process takes part: gathering a sharded model to the host is collective on a pod
+            saved = trainer.save_pretrained(args.save_pretrained)
+        except Exception as err:
+            traceback.print_exc()
+            return _fail(f"--save-pretrained {args.save_pretrained}: {_one_line(err)}", EXIT_FAILED)
+    multihost.print_on_main(run_summary(trainer, result, resume_step, saved))
+    _write_metrics(args.metrics_out, trainer, result, "ok")
+    return EXIT_OK
+
+
+def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
+    """Config, hardware, datasets and the `Trainer`; raises one of `_CANNOT_START` for the user to fix."""
+    from workbench.backend.hardware import detect
+    from workbench.data.records import build_datasets
+    from workbench.train import Trainer
+
+    if args.config is not None and not Path(args.config).is_file():
+        raise FileNotFoundError(f"config file {args.config!r} does not exist")
+    if args.save_pretrained and not hasattr(Trainer, "save_pretrained"):
+        raise ValueError(
+            "--save-pretrained needs Trainer.save_pretrained, which this workbench version lacks"
+        )
+    cfg = load_config(args.config, args.overrides)
+    with _notices_as_lines():
+        hw = detect(cfg.train.device_type)  # on XLA this starts the runtime: datasets see their host share
+    if not multihost.is_main():  # one progress bar per pod, not one per worker
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress_bar=False))
+    multihost.print_on_main(_header(args, cfg, hw))
+    train_ds, eval_ds, tokenizer = build_datasets(cfg)
+    with _notices_as_lines():
+        trainer = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=eval_ds, hardware=hw)
+    latest = trainer.checkpoints.latest() if trainer.checkpoints is not None and cfg.train.resume else None
+    return trainer, (trainer.checkpoints.step_of(latest) if latest is not None else None)
+
+
+def _header(args: argparse.Namespace, cfg: WorkbenchConfig, hw: Any) -> str:
+    source = args.config or "the default config"
+    if args.overrides:
+        source += f" + {len(args.overrides)} override{'s' if len(args.overrides) > 1 else ''}"
+    via = ", via XLA" if hw.via_xla else ""
+    where = f"{hw.chip} ({hw.backend}{via}, {hw.num_devices} device{'s' if hw.num_devices > 1 else ''})"
+    if hw.num_processes > 1:
+        where += f", {hw.num_processes} processes"
+    checkpoints = f", checkpoints in {cfg.train.checkpoint_dir}" if cfg.train.checkpoint_dir else ""
+    return f"train: {source} on {where}: {cfg.train.steps} steps{checkpoints}"
+
+
+def run_summary(trainer: Any, result: Any, resume_step: int | None = None, saved: Any = None) -> str:
+    """The lines printed at the end of a run: steps, final loss, tokens/s, compiles, checkpoint, notices."""
+    steps = trainer.cfg.train.steps
+    rows = []
+    if resume_step is not None and resume_step >= steps:
+        head = f"nothing to train: the checkpoint is at step {resume_step}, train.steps={steps} (raise it to go on)"
+    elif resume_step is not None:
+        head = f"trained steps {resume_step + 1}-{result.steps} of {steps} (resumed from step {resume_step})"
+    else:
+        head = f"trained {result.steps}/{steps} steps"
+    rows += [
+        ("final loss", _number(result.final_loss, ".4f")),
+        ("tokens/s", _number(result.tokens_per_s, ",.0f")),
+        ("compiles", f"{result.compiles_after_warmup} after warm-up ({result.warmup_compiles} in warm-up)"),
+    ]
+    if result.eval_loss is not None:
+        rows.append(("eval loss", f"{result.eval_loss:.4f} (perplexity {result.eval_perplexity:.2f})"))
+    rows.append(("checkpoint", result.checkpoint_path or "none (set train.checkpoint_dir)"))
+    if saved is not None:
+        rows.append(("saved model", str(saved)))
+    rows += [("notice", notice) for notice in result.notices]
+    return "\n".join([head] + [f"  {name:<12}{value}" for name, value in rows])
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _write_metrics(path: str | None, trainer: Any, result: Any, status: str) -> None:
+    """``--metrics-out``: the status, config, summary and every logged interval, on the main process."""
+    if not path or not multihost.is_main():
+        return
+    done = {} if result is None else dataclasses.asdict(result)
+    history = done.pop("history", None) or trainer.history
+    report = {
+        "status": status,
+        "step": trainer.loop.step,
+        "config": trainer.cfg.to_dict(),
+        "hardware": trainer.hw.to_dict(),
+        "result": (done | {"eval_perplexity": result.eval_perplexity}) if result is not None else None,
+        "history": history,
+    }
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(_plain(report), indent=1) + "\n")
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: non-finite floats become null (strict JSON has no NaN), tensors and arrays numbers."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if hasattr(value, "item"):  # a 0-d tensor or numpy scalar
+        return _plain(value.item())
+    return str(value)
+
+
+@contextmanager
+def _notices_as_lines() -> Iterator[None]:
+    """The workbench's own RuntimeWarnings (its notices) as ``notice: ...`` lines, on the main process."""
+    package = str(Path(__file__).resolve().parent)
+    with warnings.catch_warnings():
+        default = warnings.showwarning
+
+        def show(message: Any, category: Any, filename: str, *rest: Any, **kwargs: Any) -> None:
+            if issubclass(category, RuntimeWarning) and str(filename).startswith(package):
+                multihost.print_on_main(f"notice: {message}", file=sys.stderr)
+            else:
+                default(message, category, filename, *rest, **kwargs)
+
+        warnings.showwarning = show
+        yield
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code
