@@ -352,6 +352,12 @@ def test_xla_fsdp_resumed_run_compiles_nothing_after_warmup(fsdp_resume):
     assert fsdp_resume["compiles_after_warmup"] == 0
 
 
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_fsdp_checkpoint_saves_are_not_reported_as_recompilation(fsdp_resume):
+    assert fsdp_resume["recompiled_steps"] == []
+
+
 @pytest.fixture(scope="module")
 def xla_variants(xla_scenario):
     """tests/xla/trainer_variants.py on one device: adafactor + bf16-mixed; bf16 + gradient

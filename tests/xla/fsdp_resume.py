@@ -50,6 +50,7 @@ def main(checkpoint_dir: str) -> dict[str, Any]:
         "files": sorted(os.listdir(resumed.checkpoint_path)),
         "notices": resumed.notices,
         "compiles_after_warmup": resumed.compiles_after_warmup,
+        "recompiled_steps": [m["step"] for m in resumed.history if m["recompiled"]],
     }
 
 

@@ -123,6 +123,11 @@ class StepProfiler:
         self._last_compiles = counters[0]
         self._interval_recompiles: list[int] = []
 
+    def exclude_compiles(self) -> None:
+        """Programs compiled since the last step (e.g. by a checkpoint save) are not the loop's recompilations."""
+        if self._xla:
+            self._last_compiles = runtime.compile_count()
+
     def reset_clock(self) -> None:
         """Start timing now (e.g. after warm-up compiles that should not count as step time)."""
         self._open_interval(time.perf_counter(), self._counters())

@@ -64,7 +64,8 @@ class TrainResult:
     tokens_per_s: float | None = None
     """Real tokens per second over the timed part of the run (after warm-up)."""
     compiles_after_warmup: int = 0
-    """Programs XLA compiled after warm-up (0 when prewarm covered every shape); 0 off XLA."""
+    """Programs XLA compiled after warm-up by training steps (evals and checkpoint saves apart);
+    0 when prewarm covered every shape, and off XLA."""
     checkpoint_path: str | None = None
     """The last checkpoint written, if any."""
     eval_loss: float | None = None
@@ -83,10 +84,11 @@ class TrainResult:
 
 
 class ThroughputClock:
-    """Real tokens per second of training: from the end of the first step, less evals and saves."""
+    """Real tokens per second of training: from the end of the first step, less evals and saves
+    (whose time, and on XLA whose compiles, are kept apart from the training steps')."""
 
     def __init__(self, xla: bool) -> None:
-        self.xla, self.start, self.tokens, self.paused_s = xla, None, 0, 0.0
+        self.xla, self.start, self.tokens, self.paused_s, self.paused_compiles = xla, None, 0, 0.0, 0
 
     def step_done(self, tokens: int) -> None:
         if self.start is None:
@@ -100,11 +102,12 @@ class ThroughputClock:
 
     def paused(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` (an eval, a save) outside the timed window."""
-        start = time.perf_counter()
+        start, compiles = time.perf_counter(), runtime.compile_count() if self.xla else 0
         try:
             return fn()
         finally:
             self.paused_s += time.perf_counter() - start
+            self.paused_compiles += runtime.compile_count() - compiles if self.xla else 0
 
     def tokens_per_s(self, end: float) -> float | None:
         elapsed = end - self.start - self.paused_s if self.start is not None else 0.0
@@ -326,14 +329,15 @@ class Trainer:
             self._close_stream()
         if self.xla:
             runtime.wait_device_ops()
-        end = time.perf_counter()
+        tokens_per_s = clock.tokens_per_s(time.perf_counter())
         if self.checkpoints is not None and self._checkpointed_step != self.loop.step:
-            self.save_checkpoint()  # the final state, unless the loop (or a resume) has this step already
+            clock.paused(self.save_checkpoint)  # the final state, unless the loop (or a resume) has it
+        step_compiles = runtime.compile_count() - compiles_before - clock.paused_compiles if self.xla else 0
         return TrainResult(
             history=self.history,
             final_loss=self.history[-1]["loss"] if self.history else None,
-            tokens_per_s=clock.tokens_per_s(end),
-            compiles_after_warmup=(runtime.compile_count() - compiles_before) if self.xla else 0,
+            tokens_per_s=tokens_per_s,
+            compiles_after_warmup=step_compiles,
             checkpoint_path=self.checkpoint_path,
             eval_loss=self.last_eval_loss,
             steps=self.loop.step,
@@ -370,6 +374,7 @@ class Trainer:
             self._report(metrics, warm, bar)
         if self.checkpoints is not None and self._due(train.checkpoint_every):
             clock.paused(self.save_checkpoint)
+            self.profiler.exclude_compiles()  # a save's programs are not a recompilation of the step
             if is_log:  # keep the save's time and host copies out of the next interval's figures
                 self.profiler.reset_clock()
 
