@@ -15,9 +15,11 @@ Who reads which field of a `Family`:
   `transformers` config of the family) and the layout facts `layout`, `qkv_bias`,
   `norms_per_layer`, `qk_norm`, `fused_projections` and `tied_default`, from which the
   estimator knows every parameter tensor and the activations a layer saves.
-- `workbench.parallel.rules.rules_for`: `sharding`, the name of the family's rule table in
-  `workbench.parallel.rules.RULE_TABLES` (the tables are defined there, next to the rule type;
-  a family whose module names match an existing table just names it).
+- `workbench.parallel.rules.rules_for`: `sharding`, ``"tp_plan"`` for a family sharded by the
+  tensor-parallel plan its `transformers` config declares (`workbench.parallel.tp_plan`), or
+  the name of a hand table in `workbench.parallel.rules.RULE_TABLES` where transformers has no
+  plan (GPT-2). A model whose family is not in the registry is sharded all the same: by its
+  plan if it has one, else by FSDP alone.
 
 The registry is keyed by the `transformers` ``model_type`` (``config.model_type``), which is
 also the value ``ModelConfig.family`` takes, so a model loaded from disk finds its entry too.
@@ -96,7 +98,8 @@ class Family:
     layout: Layout
     """Block layout: 'decoder' (Llama-style, gated MLP) or 'gpt2' (see `Layout`)."""
     sharding: str
-    """Name of the family's sharding rule table in `workbench.parallel.rules.RULE_TABLES`."""
+    """``"tp_plan"`` (rules from transformers' own tensor-parallel plan) or the name of a hand
+    table in `workbench.parallel.rules.RULE_TABLES`."""
     fields: SizeFields = DECODER_FIELDS
     """Where the config class keeps each `ModelConfig` size field."""
     fixed: Mapping[str, Any] = field(default_factory=lambda: _DECODER_FIXED)
@@ -140,14 +143,14 @@ class Family:
 
 _REGISTRY: tuple[Family, ...] = (
     # The first five, in this order, are the families the workbench has always offered.
-    Family("llama", "LlamaConfig", "decoder", sharding="decoder"),
-    Family("qwen2", "Qwen2Config", "decoder", sharding="decoder", qkv_bias=True),
-    Family("mistral", "MistralConfig", "decoder", sharding="decoder"),
+    Family("llama", "LlamaConfig", "decoder", sharding="tp_plan"),
+    Family("qwen2", "Qwen2Config", "decoder", sharding="tp_plan", qkv_bias=True),
+    Family("mistral", "MistralConfig", "decoder", sharding="tp_plan"),
     Family(
         "gemma",
         "GemmaConfig",
         "decoder",
-        sharding="decoder",
+        sharding="tp_plan",
         head_dim_fields=("head_dim",),
         tied_default=True,
     ),
@@ -164,7 +167,7 @@ _REGISTRY: tuple[Family, ...] = (
         "gemma2",
         "Gemma2Config",
         "decoder",
-        sharding="decoder",
+        sharding="tp_plan",
         # query_pre_attn_scalar: the attention scale is its inverse square root (256 by default)
         head_dim_fields=("head_dim", "query_pre_attn_scalar"),
         norms_per_layer=4,
@@ -174,20 +177,20 @@ _REGISTRY: tuple[Family, ...] = (
         "gemma3_text",
         "Gemma3TextConfig",
         "decoder",
-        sharding="decoder",
+        sharding="tp_plan",
         head_dim_fields=("head_dim", "query_pre_attn_scalar"),
         norms_per_layer=4,
         qk_norm=True,
         tied_default=True,
     ),
     Family(
-        "qwen3", "Qwen3Config", "decoder", sharding="decoder", head_dim_fields=("head_dim",), qk_norm=True
+        "qwen3", "Qwen3Config", "decoder", sharding="tp_plan", head_dim_fields=("head_dim",), qk_norm=True
     ),
     Family(
         "phi3",
         "Phi3Config",
         "decoder",
-        sharding="phi3",
+        sharding="tp_plan",
         # Phi3Config's pad_token_id (32000) is an embedding row a small vocabulary lacks
         fixed=MappingProxyType(
             {"attention_dropout": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "pad_token_id": None}

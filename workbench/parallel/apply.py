@@ -47,8 +47,10 @@ def shard_model(
     """Move `model` to the XLA device if needed and annotate every parameter with its sharding.
 
     `mesh` is a torch_xla mesh or a `MeshSpec` (built here). `rules` defaults to the model
-    family's table (`rules_for(model)`). Optimizer state created afterwards follows the
-    parameters' sharding; build the optimizer after calling this.
+    family's table (`rules_for(model)`: its transformers tensor-parallel plan, a hand table, or
+    FSDP only). A PEFT model works as it is: base weights get the specs they have without LoRA,
+    adapters specs consistent with them (`workbench.parallel.plan.lora_spec`). Optimizer state
+    created afterwards follows the parameters' sharding; build the optimizer after calling this.
 
     With `shard_grads` each gradient is annotated like its parameter as soon as backward
     accumulates it. Without that, GSPMD is free to return gradients that outlive a step (gradient
@@ -65,6 +67,7 @@ def shard_model(
         sizes,
         rules_for(model) if rules is None else rules,
         device_ids=device_grid(mesh, sizes),
+        transposed=transposed_weights(model),
     )
     by_name = dict(params)
     for entry in report.entries:
@@ -74,6 +77,15 @@ def shard_model(
             if shard_grads and param.requires_grad:
                 param.register_post_accumulate_grad_hook(_grad_sharder(mesh, entry.spec))
     return report
+
+
+def transposed_weights(model: Any) -> set[str]:
+    """Names of the base weights PEFT keeps [in, out] (``fan_in_fan_out``: GPT-2's Conv1D)."""
+    return {
+        f"{name}.base_layer.weight"
+        for name, module in model.named_modules()
+        if getattr(module, "fan_in_fan_out", False) and hasattr(module, "base_layer")
+    }
 
 
 def _grad_sharder(mesh: Any, spec: PartitionSpec) -> Any:

@@ -20,12 +20,19 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.parallel.mesh import AXES
-from workbench.parallel.rules import AxisEntry, PartitionSpec, ShardingError, ShardingRule, as_rules
+from workbench.parallel.rules import (
+    FSDP_FALLBACK,
+    AxisEntry,
+    PartitionSpec,
+    ShardingError,
+    ShardingRule,
+    as_rules,
+)
 from workbench.units import format_bytes
 
 if TYPE_CHECKING:  # imported for annotations only: no runtime cost, no cycles
@@ -50,6 +57,9 @@ class ShardEntry:
     rule: str | None
     """The matching rule's pattern; None for the replicated fallback."""
     note: str
+    source: str = ""
+    """Where the rule came from: 'tp plan', 'hand rule' or 'fsdp fallback' (`ShardingRule.source`);
+    'no rule' for the replicated fallback. A LoRA adapter's is its base layer's."""
 
     @property
     def numel(self) -> int:
@@ -153,6 +163,8 @@ class ShardingReport:
     axis_sizes: dict[str, int]
     device_ids: list[int] = field(default_factory=list)
     """Device ids in row-major mesh order."""
+    notes: list[str] = field(default_factory=list)
+    """Lines about the whole plan (a family sharded by FSDP only, plan styles not mapped)."""
 
     @property
     def total_bytes(self) -> int:
@@ -177,6 +189,13 @@ class ShardingReport:
         """Parameters no rule matched (replicated by the fallback)."""
         return [e.name for e in self.entries if e.fallback]
 
+    def sources(self) -> dict[str, int]:
+        """How many parameters got their rule from each source ('tp plan', 'hand rule', ...)."""
+        counts: dict[str, int] = {}
+        for e in self.entries:
+            counts[e.source] = counts.get(e.source, 0) + 1
+        return counts
+
     def entry(self, name: str) -> ShardEntry:
         for e in self.entries:
             if e.name == name:
@@ -189,8 +208,9 @@ class ShardingReport:
         return shard_map(name, e.shape, e.spec, self.axis_sizes, self.device_ids)
 
     def table(self, max_rows: int | None = None) -> str:
-        """A fixed-width table: parameter, shape, spec, local shape, bytes per device, rule."""
-        header = ("parameter", "shape", "spec", "local shard", "bytes/device", "rule")
+        """A fixed-width table: parameter, shape, spec, local shape, bytes per device, where the
+        rule came from and its note; then the totals, the parameters per source and the notes."""
+        header = ("parameter", "shape", "spec", "local shard", "bytes/device", "source", "rule")
         rows = [
             (
                 e.name,
@@ -198,12 +218,13 @@ class ShardingReport:
                 _spec_text(e.spec),
                 "x".join(map(str, e.local_shape)) or "scalar",
                 format_bytes(e.bytes_per_device),
+                e.source,
                 "FALLBACK: replicated, no rule matched" if e.fallback else e.note,
             )
             for e in self.entries
         ]
         if max_rows is not None and len(rows) > max_rows:
-            rows = [*rows[:max_rows], ("...", "", "", "", "", f"{len(rows) - max_rows} more")]
+            rows = [*rows[:max_rows], ("...", "", "", "", "", "", f"{len(rows) - max_rows} more")]
         widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
         lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
         lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
@@ -212,7 +233,14 @@ class ShardingReport:
             f"total {format_bytes(self.total_bytes)}, at most {format_bytes(self.bytes_per_device)} per device"
             + (f"; {len(self.fallbacks)} replicated by fallback" if self.fallbacks else "")
         )
+        if self.entries:
+            lines.append("rules from: " + ", ".join(f"{src} {n}" for src, n in self.sources().items()))
+        lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+    def text(self) -> str:
+        """The whole report as text: the table (every parameter) and the device table."""
+        return self.table() + "\n\n" + self.device_table()
 
     def device_table(self) -> str:
         """One line per device: its mesh coordinates and the parameter bytes it holds."""
@@ -306,36 +334,44 @@ def plan_sharding(
     *,
     device_ids: Sequence[int] | None = None,
     warn_fallback: bool = True,
+    transposed: Collection[str] = (),
 ) -> ShardingReport:
     """Decide every parameter's partition spec from the rules (shapes only; nothing runs).
 
-    `params` yields (name, shape, dtype). The first matching rule wins. Errors name the
-    parameter, the dimension, its size and the mesh axis that does not divide it.
+    `params` yields (name, shape, dtype). The first matching rule wins; rules see through PEFT's
+    wrappers (a LoRA layer's ``q_proj.base_layer.weight`` matches as ``q_proj.weight``, see
+    `rule_name`), and a LoRA adapter follows its base layer (`lora_spec`). `transposed` names
+    base weights stored [in, out] (Conv1D, PEFT's ``fan_in_fan_out``), which a square shape
+    cannot tell. The notes of a `RuleTable` go into the report. Errors name the parameter, the
+    dimension, its size and the mesh axis that does not divide it.
     """
     sizes = {str(k): int(v) for k, v in axis_sizes.items()}
+    notes = list(getattr(rules, "notes", ()))
     rule_list = as_rules(rules)
-    entries = []
+    params = [(name, tuple(int(s) for s in shape), dtype) for name, shape, dtype in params]
+    entries: dict[str, ShardEntry] = {}
     for name, shape, dtype in params:
-        shape = tuple(int(s) for s in shape)
-        matched = next((r for r in rule_list if re.search(r.pattern, name)), None)
-        spec = _spec_for(name, shape, matched, sizes)
-        local = tuple(
-            dim // math.prod(sizes[a] for a in _axes_of(e)) for dim, e in zip(shape, spec, strict=True)
+        if _ADAPTER.match(name):
+            continue  # after every base layer has its spec
+        matched = next((r for r in rule_list if r.applies(rule_name(name), len(shape))), None)
+        entries[name] = _entry(
+            name,
+            shape,
+            dtype,
+            _spec_for(name, shape, matched, sizes),
+            sizes,
+            matched.pattern if matched else None,
+            matched.note if matched else "replicated: no rule matched",
+            matched.source if matched else "no rule",
         )
-        entries.append(
-            ShardEntry(
-                name=name,
-                shape=shape,
-                dtype=str(dtype).replace("torch.", ""),
-                itemsize=_itemsize(dtype),
-                spec=spec,
-                local_shape=local,
-                rule=matched.pattern if matched else None,
-                note=matched.note if matched else "replicated: no rule matched",
-            )
-        )
+    for name, shape, dtype in params:
+        if name not in entries:
+            entries[name] = _adapter_entry(name, shape, dtype, entries, sizes, set(transposed))
     report = ShardingReport(
-        entries, sizes, list(device_ids) if device_ids else list(range(math.prod(sizes.values())))
+        [entries[name] for name, _shape, _dtype in params],
+        sizes,
+        list(device_ids) if device_ids else list(range(math.prod(sizes.values()))),
+        notes,
     )
     if report.fallbacks and warn_fallback:
         warnings.warn(
@@ -344,6 +380,112 @@ def plan_sharding(
             stacklevel=3,
         )
     return report
+
+
+def _entry(
+    name: str,
+    shape: tuple[int, ...],
+    dtype: Any,
+    spec: PartitionSpec,
+    sizes: dict[str, int],
+    rule: str | None,
+    note: str,
+    source: str,
+) -> ShardEntry:
+    local = tuple(dim // math.prod(sizes[a] for a in _axes_of(e)) for dim, e in zip(shape, spec, strict=True))
+    return ShardEntry(
+        name=name,
+        shape=shape,
+        dtype=str(dtype).replace("torch.", ""),
+        itemsize=_itemsize(dtype),
+        spec=spec,
+        local_shape=local,
+        rule=rule,
+        note=note,
+        source=source,
+    )
+
+
+# ---- PEFT: wrapped base layers and LoRA adapters ---------------------------------------
+
+# PEFT keeps a wrapped layer's own weight under `base_layer` (LoRA), a trainable copy under
+# `modules_to_save.<adapter>` next to the frozen `original_module`: all name the same weight.
+_WRAPPERS = re.compile(r"\.(?:base_layer|original_module|modules_to_save\.[^.]+)(?=\.)")
+_ADAPTER = re.compile(
+    r"^(?P<layer>.+)\.(?P<kind>lora_A|lora_B|lora_embedding_A|lora_embedding_B|lora_magnitude_vector)"
+    r"\.[^.]+(?:\.weight)?$"
+)
+
+
+def rule_name(name: str) -> str:
+    """The name rules match: PEFT's wrappers left out (``q_proj.base_layer.weight`` -> ``q_proj.weight``)."""
+    return _WRAPPERS.sub("", name)
+
+
+def lora_spec(
+    kind: str, shape: tuple[int, ...], base_shape: tuple[int, ...], base_spec: PartitionSpec, transposed: bool
+) -> PartitionSpec:
+    """A LoRA adapter's `model`-axis spec, consistent with its base weight's spec.
+
+    A Linear base is [out, in] with ``lora_A`` [r, in] and ``lora_B`` [out, r] (the delta is
+    B @ A): ``lora_A`` takes the base's `model` split of `in`, ``lora_B`` that of `out`, the
+    rank dimension is never split. So a column-parallel base (out on `model`) gets ``lora_B``
+    split like its output and ``lora_A`` replicated over `model`; a row-parallel base (in on
+    `model`) gets ``lora_A`` split like its input and ``lora_B`` replicated over `model`. A base
+    stored [in, out] (`transposed`: Conv1D, and embeddings, whose ``lora_embedding_A`` is
+    [r, vocab] and ``lora_embedding_B`` [hidden, r]) swaps the roles of its dimensions; DoRA's
+    magnitude [out] follows `out`. Only the `model` axis is taken over: FSDP is placed apart.
+    """
+    in_dim, out_dim = (0, 1) if transposed or kind.startswith("lora_embedding") else (1, 0)
+    if kind.endswith("_A"):
+        own_in = shape[1]
+        if base_shape[in_dim] != own_in and base_shape[out_dim] == own_in:  # a Conv1D nobody named
+            in_dim, out_dim = out_dim, in_dim
+        return (None, _model_part(base_spec[in_dim]))
+    own_out = shape[0]
+    if base_shape[out_dim] != own_out and base_shape[in_dim] == own_out:
+        in_dim, out_dim = out_dim, in_dim
+    return (_model_part(base_spec[out_dim]),) + (None,) * (len(shape) - 1)
+
+
+def _model_part(entry: AxisEntry) -> AxisEntry:
+    return "model" if "model" in _axes_of(entry) else None
+
+
+def _adapter_entry(
+    name: str,
+    shape: tuple[int, ...],
+    dtype: Any,
+    entries: Mapping[str, ShardEntry],
+    sizes: dict[str, int],
+    transposed: set[str],
+) -> ShardEntry:
+    """A LoRA adapter's entry: `lora_spec` from its base layer, then FSDP where it divides."""
+    found = _ADAPTER.match(name)
+    assert found is not None
+    layer, kind = found["layer"], found["kind"]
+    base = next((entries[n] for n in (f"{layer}.base_layer.weight", f"{layer}.weight") if n in entries), None)
+    if base is None or len(base.shape) != 2 or len(shape) not in (1, 2):
+        spec = _fsdp_where_it_divides((None,) * len(shape), shape, sizes)
+        note = f"{kind}: no 2-D base weight of {layer} found, FSDP only"
+        return _entry(name, shape, dtype, spec, sizes, None, note, FSDP_FALLBACK)
+    model = lora_spec(kind, shape, base.shape, base.spec, base.name in transposed)
+    spec = _fsdp_where_it_divides(model, shape, sizes)
+    split = "split over model" if any(model) else "replicated over model"
+    note = f"{kind} of {layer.rsplit('.', 1)[-1]}: {split}, like its base"
+    return _entry(name, shape, dtype, spec, sizes, base.rule, note, base.source)
+
+
+def _fsdp_where_it_divides(
+    spec: PartitionSpec, shape: tuple[int, ...], sizes: dict[str, int]
+) -> PartitionSpec:
+    """`spec` (axes of size 1 dropped) with `fsdp` on the largest free dimension it divides, if any."""
+    out = [e if e is not None and all(sizes.get(a, 1) > 1 for a in _axes_of(e)) else None for e in spec]
+    fsdp = sizes.get("fsdp", 1)
+    fitting = [d for d in range(len(shape)) if out[d] is None and shape[d] % fsdp == 0]
+    if fsdp > 1 and fitting:
+        out[max(fitting, key=lambda d: (shape[d], -d))] = "fsdp"
+    return tuple(out)
 
 
 def _spec_for(

@@ -17,6 +17,7 @@ Every torch_xla call goes through `workbench.runtime`. Importing this module sta
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -39,29 +40,65 @@ class ShardingError(ValueError):
 # ---- rules as data -------------------------------------------------------------------
 
 
+TP_PLAN = "tp plan"
+"""`ShardingRule.source` of a rule derived from transformers' own tensor-parallel plan."""
+HAND_RULE = "hand rule"
+"""`ShardingRule.source` of a rule written here (or passed in by the caller)."""
+FSDP_FALLBACK = "fsdp fallback"
+"""`ShardingRule.source` of a rule that only spreads a parameter over ``fsdp`` (no plan, no hand rule)."""
+
+
 @dataclass(frozen=True)
 class ShardingRule:
     """Parameters whose name matches `pattern` (``re.search``) get `spec` over the `model` axis.
 
     `spec` has one entry per tensor dimension (a mesh axis, a tuple of axes, or None), or is
     None for "replicate everywhere". With `fsdp=True` the `fsdp` axis then goes on the largest
-    dimension the spec leaves free (one that divides by the fsdp size).
+    dimension the spec leaves free (one that divides by the fsdp size). `source` says where the
+    rule came from (`TP_PLAN`, `HAND_RULE`, `FSDP_FALLBACK`); with `ndim` set, the rule applies
+    only to parameters with that many dimensions (one plan style gives a weight, its bias and a
+    stacked-experts tensor different specs).
     """
 
     pattern: str
     spec: PartitionSpec | None
     note: str = ""
     fsdp: bool = True
+    source: str = HAND_RULE
+    ndim: int | None = None
+
+    def applies(self, name: str, ndim: int) -> bool:
+        return (self.ndim is None or self.ndim == ndim) and re.search(self.pattern, name) is not None
 
 
-def rule(pattern: str, spec: PartitionSpec | None, note: str = "", *, fsdp: bool = True) -> ShardingRule:
-    return ShardingRule(pattern, spec, note, fsdp)
+class RuleTable(tuple):
+    """A rule table (a tuple of `ShardingRule`) with `notes` for the sharding report: why a
+    family got FSDP only, which plan styles could not be mapped."""
+
+    notes: tuple[str, ...] = ()
+
+    def __new__(cls, rules: Iterable[ShardingRule], notes: Iterable[str] = ()) -> RuleTable:
+        table = super().__new__(cls, rules)
+        table.notes = tuple(notes)
+        return table
+
+
+def rule(
+    pattern: str,
+    spec: PartitionSpec | None,
+    note: str = "",
+    *,
+    fsdp: bool = True,
+    source: str = HAND_RULE,
+    ndim: int | None = None,
+) -> ShardingRule:
+    return ShardingRule(pattern, spec, note, fsdp, source, ndim)
 
 
 # Llama, Mistral, Qwen2/3 and Gemma 1/2/3 share module names in `transformers` (the extra norms
-# of Gemma 2/3 and Qwen3 end in `norm.weight` too). Which family uses which table is its entry
-# in `workbench.models.families` (`Family.sharding`, a key of RULE_TABLES). nn.Linear stores
-# weight as [out_features, in_features]: column-parallel shards dim 0, row-parallel dim 1.
+# of Gemma 2/3 and Qwen3 end in `norm.weight` too); these families now shard by transformers'
+# plan, which gives the same specs (see RULE_TABLES below). nn.Linear stores weight as
+# [out_features, in_features]: column-parallel shards dim 0, row-parallel dim 1.
 DECODER_RULES: tuple[ShardingRule, ...] = (
     rule(r"embed_tokens\.weight$", ("model", None), "vocab-parallel embedding"),
     rule(r"self_attn\.(q|k|v)_proj\.weight$", ("model", None), "column-parallel"),
@@ -91,42 +128,54 @@ GPT2_RULES: tuple[ShardingRule, ...] = (
     rule(r"lm_head\.weight$", ("model", None), "vocab-parallel output"),
 )
 
-# Phi-3 fuses q|k|v into qkv_proj and gate|up into gate_up_proj (nn.Linear, so column-parallel
-# shards dim 0). As with GPT-2's c_attn, a model-axis shard can straddle the boundaries of the
-# fused parts; GSPMD reshards at the split. Everything else is named as in DECODER_RULES.
-PHI3_RULES: tuple[ShardingRule, ...] = (
-    rule(r"self_attn\.qkv_proj\.weight$", ("model", None), "column-parallel (fused q|k|v)"),
-    rule(r"mlp\.gate_up_proj\.weight$", ("model", None), "column-parallel (fused gate|up)"),
-    *DECODER_RULES,
-)
-
 FSDP_ONLY_RULES: tuple[ShardingRule, ...] = (
-    rule(r"(norm|ln_\w+)\.(weight|bias)$", None, "norm: tiny, replicated"),
-    rule(r"\.bias$", None, "bias: tiny, replicated"),
-    rule(r".", tuple(), "FSDP: largest dimension over fsdp"),
+    rule(r"(norm|ln_\w+)\.(weight|bias)$", None, "norm: tiny, replicated", source=FSDP_FALLBACK),
+    rule(r"\.bias$", None, "bias: tiny, replicated", source=FSDP_FALLBACK),
+    rule(r".", tuple(), "FSDP: largest dimension over fsdp", source=FSDP_FALLBACK),
 )
-"""Family-agnostic rules: FSDP on every weight, no tensor parallelism (`model` must be 1)."""
+"""Family-agnostic rules: FSDP on every weight, no tensor parallelism (a `model` axis holds replicas)."""
 
+# Which rules a family gets (`rules_for`): transformers' own tensor-parallel plan wherever the
+# config class declares one (`workbench.parallel.tp_plan`; a registry entry says so with
+# ``sharding=TP_PLAN_TABLE``), a hand table where transformers has none (GPT-2), FSDP only
+# where neither exists. DECODER_RULES is no family's table any more: for Llama, Qwen2/3,
+# Mistral, Gemma 1/2/3 and Phi-3 the plan gives the same specs (tests/test_tp_plan.py checks
+# it); it stays as an explicit table a caller may pass (``rules=DECODER_RULES``).
 RULE_TABLES: Mapping[str, tuple[ShardingRule, ...]] = MappingProxyType(
-    {"decoder": DECODER_RULES, "gpt2": GPT2_RULES, "phi3": PHI3_RULES}
+    {"decoder": DECODER_RULES, "gpt2": GPT2_RULES}
 )
-"""The per-family tables by the name a `workbench.models.families.Family` gives as its `sharding`."""
+"""The hand tables by the name a `workbench.models.families.Family` gives as its `sharding`."""
+TP_PLAN_TABLE = "tp_plan"
+"""`Family.sharding` of a family sharded by transformers' own plan (`workbench.parallel.tp_plan`)."""
 
 
 def rules_for(model_or_type: Any) -> tuple[ShardingRule, ...]:
-    """The rule table for a model (by ``config.model_type``) or a model-type string.
+    """The rule table for a model (a `transformers` model, a PEFT wrapper of one) or a model type.
 
-    Which table a family uses is its registry entry's `sharding` (`workbench.models.families`).
+    A registry family (`workbench.models.families`) with a hand table gets it (GPT-2). Any other
+    model whose `transformers` config declares a tensor-parallel plan gets rules derived from
+    it (`workbench.parallel.tp_plan.tp_plan_rules`: the model's own full plan, LM head and
+    embeddings included). Anything else gets `FSDP_ONLY_RULES` with a note for the sharding
+    report saying so: never an error. Rules see through PEFT's wrappers (``base_layer``), and
+    LoRA adapters follow their base layer (`workbench.parallel.plan`).
     """
+    # tp_plan builds on this module's rule type: imported here, when first needed (no cycle).
+    from workbench.parallel import tp_plan
+
     model_type = model_or_type if isinstance(model_or_type, str) else _model_type(model_or_type)
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
-    if family is None:
-        raise ShardingError(
-            f"no sharding rules for model_type={model_type!r}: known families are "
-            f"{', '.join(sorted(FAMILIES))}; pass rules=FSDP_ONLY_RULES for FSDP without tensor "
-            "parallelism, or your own list of (pattern, spec) rules"
-        )
-    return RULE_TABLES[family.sharding]
+    if family is not None and family.sharding in RULE_TABLES:
+        return RULE_TABLES[family.sharding]
+    derived = tp_plan.tp_plan_rules(model_or_type)
+    if derived is not None:
+        return derived
+    return RuleTable(
+        FSDP_ONLY_RULES,
+        [
+            f"model_type {model_type!r} has no tensor-parallel plan in transformers and no hand rules "
+            "here: FSDP only (the model axis holds replicas); pass rules=[...] to shard over it"
+        ],
+    )
 
 
 def _model_type(model: Any) -> str | None:
