@@ -2,8 +2,9 @@
 # # XLA Workbench — quickstart
 #
 # Detect the hardware, tune a config with the live panel, train a tiny causal LM with the
-# dashboard watching, and write a self-contained HTML report. Runs on a TPU (Colab: one v5e chip,
-# Kaggle: v5e-8), a GPU, or a plain CPU (through XLA:CPU by default).
+# dashboard watching, write a self-contained HTML report, and save the model as a checkpoint that
+# `04_finetune` fine-tunes. Runs on a TPU (Colab: one v5e chip, Kaggle: v5e-8), a GPU, or a plain
+# CPU (through XLA:CPU by default).
 
 # %% shared="install"
 
@@ -16,6 +17,7 @@ batch_size = 8
 log_every = 5
 max_examples = None  # cap the corpus (None: all of it)
 report_html = "reports/quickstart.html"
+save_dir = "checkpoints/quickstart"  # where the trained model + tokenizer are saved (None: not saved)
 
 # %% shared="xla_on_cpu"
 
@@ -93,5 +95,15 @@ for notice in result.notices:
 # %%
 eval_loss = trainer.evaluate()
 path = dash.export_html(report_html, title=f"Quickstart on {hw.device_kind}{' (XLA)' if hw.via_xla else ''}, {hw.num_devices} device(s)", appendix=cfg.to_yaml())
-print(f"eval loss {eval_loss:.4f}; report written to {path}")
+print(f"eval loss {eval_loss:.4f} (perplexity {eval_loss.perplexity:.1f}); report written to {path}")
 assert result.final_loss == result.final_loss, "the loss is NaN"
+
+# %% [markdown]
+# ## 6. Save it as a pretrained checkpoint
+#
+# A transformers model directory (`config.json`, weights) with the tokenizer beside it: what
+# `from_pretrained` loads. `04_finetune` fine-tunes it with LoRA, as it would any pretrained model.
+
+# %%
+if save_dir:
+    print("checkpoint saved to", trainer.save_pretrained(save_dir))

@@ -4,6 +4,10 @@ Executed copies go to notebooks/executed/ (git-ignored). A failing notebook fail
 the failing cell's number, exception name and message. The committed notebooks (and the
 quickstart's copy in the package) must equal what `tests/build_notebooks.py` builds from their
 jupytext sources, notebooks/*.py, and carry no outputs.
+
+The quickstart runs once per module (`quickstart_run`): its test checks the report, and the
+chained test fine-tunes the checkpoint it saved with 04_finetune, as a user runs them. The
+kernel is the Python running the tests (`python3_kernel`), whatever kernelspec is installed.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -33,7 +38,14 @@ TEST_PARAMETERS: dict[str, dict[str, object]] = {
     "01_sharding": {"steps": 4, "max_examples": 300, "max_buckets": 2},
     "02_bucketing": {"steps": 6, "max_examples": 300, "max_buckets": 3},
     "03_memory_and_profiling": {"steps": 6, "log_every": 3, "max_examples": 300},
-    "04_finetune": {"steps": 8, "log_every": 4},
+    "04_finetune": {
+        "steps": 8,
+        "log_every": 4,
+        "max_new_tokens": 16,
+        "model_dir": None,  # alone: a tiny model from scratch (the chained test loads the quickstart's)
+        "adapter_dir": None,
+        "merged_dir": None,
+    },
     "05_distillation": {
         "teacher_steps": 8,
         "steps": 6,
@@ -41,6 +53,13 @@ TEST_PARAMETERS: dict[str, dict[str, object]] = {
         "max_examples": 300,
         "max_buckets": 2,
     },
+}
+
+# Set per run to paths under a temporary directory: the quickstart saves a checkpoint, 04_finetune
+# fine-tunes it and saves the adapter and the merged model.
+CHAINED_PARAMETERS = {
+    "00_quickstart": ("save_dir",),
+    "04_finetune": ("model_dir", "adapter_dir", "merged_dir"),
 }
 
 
@@ -89,27 +108,43 @@ def test_committed_notebook_is_generated_and_clean(name):
             .replace("True", "true")
             .replace("False", "false")
         )
-    for key in TEST_PARAMETERS[name]:
+    for key in [*TEST_PARAMETERS[name], *CHAINED_PARAMETERS.get(name, ())]:
         assert f"\n{key} = " in "\n" + tagged[0].source, (
             f"test parameter {key!r} is not in the parameters cell"
         )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(NOTEBOOKS))
-def test_notebook_executes(name, tmp_path):
+@pytest.fixture(scope="module")
+def python3_kernel(tmp_path_factory):
+    """A "python3" kernelspec for this interpreter, found first through JUPYTER_PATH: the notebooks
+    run on the packages under test, not on whichever environment an installed kernelspec names."""
+    root = tmp_path_factory.mktemp("jupyter")
+    spec = root / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"})
+    )
+    return root
+
+
+def execute(name: str, output: Path, parameters: dict[str, object], kernel_path: Path):
+    """Run notebooks/<name>.ipynb with papermill into `output`; the executed notebook. A failing
+    cell raises papermill's PapermillExecutionError."""
     papermill = pytest.importorskip("papermill")
-    EXECUTED.mkdir(parents=True, exist_ok=True)
-    output = EXECUTED / f"{name}.ipynb"
+    output.parent.mkdir(parents=True, exist_ok=True)
     env_before = dict(os.environ)
     # The kernel inherits this environment; it must not inherit XLA settings from elsewhere.
     for key in ("PJRT_DEVICE", "CPU_NUM_DEVICES"):
         os.environ.pop(key, None)
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        [str(kernel_path), env_before.get("JUPYTER_PATH", "")]
+    ).rstrip(os.pathsep)
     try:
         papermill.execute_notebook(
             str(NOTEBOOK_DIR / f"{name}.ipynb"),
             str(output),
-            parameters=TEST_PARAMETERS[name],
+            parameters=parameters,
             kernel_name="python3",
             cwd=str(REPO),
             progress_bar=False,
@@ -117,21 +152,49 @@ def test_notebook_executes(name, tmp_path):
             execution_timeout=240,
             store_widget_state=False,  # each FigureWidget would store the whole plotly.js bundle
         )
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    return nbformat.read(output, as_version=4)
+
+
+def run_notebook(name: str, output: Path, parameters: dict[str, object], kernel_path: Path):
+    """`execute`, failing the test with the failing cell's number, exception and message."""
+    papermill = pytest.importorskip("papermill")
+    try:
+        nb = execute(name, output, parameters, kernel_path)
     except papermill.PapermillExecutionError as err:
         pytest.fail(
             f"{name}.ipynb failed in cell {err.cell_index} ({err.exec_count=}): {err.ename}: {err.evalue}\n"
             f"executed copy: {output}",
             pytrace=False,
         )
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
-    nb = nbformat.read(output, as_version=4)
     errors = [
         o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
     ]
     assert not errors
+    return nb
+
+
+def printed(nb) -> str:
+    """Everything the notebook's code cells printed."""
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+
+
+@pytest.fixture(scope="module")
+def quickstart_run(python3_kernel, tmp_path_factory):
+    """The quickstart executed once at its test parameters, saving its model: (notebook, checkpoint)."""
+    checkpoint = tmp_path_factory.mktemp("chain") / "quickstart"
+    parameters = {**TEST_PARAMETERS["00_quickstart"], "save_dir": str(checkpoint)}
+    nb = run_notebook("00_quickstart", EXECUTED / "00_quickstart.ipynb", parameters, python3_kernel)
+    return nb, checkpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(NOTEBOOKS))
+def test_notebook_executes(name, request, python3_kernel):
     if name == "00_quickstart":
+        request.getfixturevalue("quickstart_run")  # shared with the chained test
         # The trainer fed the dashboard through its callback; the report holds every interval.
         report = Path(TEST_PARAMETERS[name]["report_html"])
         text = report.read_text()
@@ -140,3 +203,39 @@ def test_notebook_executes(name, tmp_path):
         assert found, "no dashboard figure in the report"
         traces = {t["name"]: t for t in json.loads(found.group(1))}
         assert traces["train loss"]["x"] == [5, 10] and traces["tokens/s"]["x"] == [5, 10]
+    else:
+        run_notebook(name, EXECUTED / f"{name}.ipynb", TEST_PARAMETERS[name], python3_kernel)
+
+
+@pytest.mark.slow
+def test_finetune_loads_the_quickstart_checkpoint_and_saves_adapter_and_merged_model(
+    quickstart_run, python3_kernel, tmp_path
+):
+    # What users do: the quickstart saves a checkpoint; 04_finetune fine-tunes it with LoRA.
+    _, checkpoint = quickstart_run
+    assert (checkpoint / "config.json").is_file() and (checkpoint / "tokenizer.json").is_file()
+    adapter, merged = tmp_path / "adapter", tmp_path / "merged"
+    parameters = {
+        **TEST_PARAMETERS["04_finetune"],
+        "model_dir": str(checkpoint),
+        "adapter_dir": str(adapter),
+        "merged_dir": str(merged),
+    }
+    nb = run_notebook("04_finetune", EXECUTED / "04_finetune-chained.ipynb", parameters, python3_kernel)
+    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    assert not (adapter / "model.safetensors").exists(), "the adapter directory holds the whole model"
+    assert (merged / "config.json").is_file() and list(merged.glob("*.safetensors"))
+    assert not (merged / "adapter_config.json").exists()
+    text = printed(nb)
+    assert f"{checkpoint}: training " in text, "the quickstart's checkpoint was not the base model"
+    assert f"reloaded from {merged}: " in text
+
+
+@pytest.mark.slow
+def test_finetune_without_a_checkpoint_says_how_to_make_one(python3_kernel, tmp_path):
+    papermill = pytest.importorskip("papermill")
+    missing = tmp_path / "checkpoints" / "quickstart"
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        execute("04_finetune", tmp_path / "04_finetune.ipynb", {"model_dir": str(missing)}, python3_kernel)
+    assert err.value.ename == "FileNotFoundError"
+    assert "run 00_quickstart first" in err.value.evalue and "model_dir=None" in err.value.evalue
