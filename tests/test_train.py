@@ -367,6 +367,13 @@ def xla_variants(xla_scenario):
 
 @pytest.mark.xla
 @pytest.mark.slow
+def test_xla_variants_keep_tied_embeddings_tied(xla_variants):
+    for name, r in xla_variants.items():
+        assert r["tied"], name
+
+
+@pytest.mark.xla
+@pytest.mark.slow
 def test_xla_variants_compile_nothing_after_warmup(xla_variants):
     for name, r in xla_variants.items():
         assert r["after"] == 0, (name, r)

@@ -24,8 +24,12 @@ def main() -> dict[str, Any]:
     results = {}
     for name, opts in VARIANTS.items():
         cfg = tiny_cfg(**{"train.device_type": "xla", "train.steps": 4, "train.log_every": 2}, **opts)
-        r = Trainer(cfg, train_dataset=token_dataset(32)).fit()
+        trainer = Trainer(cfg, train_dataset=token_dataset(32))
+        r = trainer.fit()
+        model = trainer.model
         results[name] = {
+            # the config ties the LM head to the input embedding: one tensor, trained once
+            "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
             "after": r.compiles_after_warmup,
             "losses": [m["loss"] for m in r.history],
             "transfers": [m["transfers"] for m in r.history],

@@ -445,6 +445,8 @@ def place(module: torch.nn.Module, mesh: Any, device: Any) -> Any:
     if mesh is not None:
         return shard_model(module, mesh)
     module.to(device)
+    if hasattr(module, "tie_weights"):  # `.to(xla)` gives each user of a shared parameter its own copy
+        module.tie_weights()
     return None
 
 
