@@ -112,15 +112,13 @@ def auto_target_modules(model: Any) -> list[str]:
         found = [s for s in suffixes if any(_matches(name, s) for name, _ in linears)]
         if found:
             return found
-    from workbench.parallel.rules import ShardingError, rules_for
+    from workbench.parallel.rules import rules_for
 
-    try:
-        rules = rules_for(base)
-    except ShardingError:
-        rules = ()
+    rules = rules_for(base)  # a family without a plan or hand rules gets FSDP-only rules: none split
     found = []
-    for name, _ in linears:
-        rule = next((r for r in rules if re.search(r.pattern, f"{name}.weight")), None)
+    for name, module in linears:
+        ndim = module.weight.dim()
+        rule = next((r for r in rules if r.applies(f"{name}.weight", ndim)), None)
         if rule is not None and rule.spec and "model" in _axes(rule.spec):
             found.append(name.rsplit(".", 1)[-1])
     if not found:
