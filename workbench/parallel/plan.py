@@ -1,18 +1,17 @@
-"""[from sharding] Declarative SPMD meshes and parameter sharding, validated before anything runs.
+"""The sharding plan: every parameter's partition spec and per-device shard, from shapes alone.
 
-Three pieces, kept apart so each can be checked without the others:
+`plan_sharding` takes (name, shape, dtype) per parameter, the mesh's axis sizes and a rule
+table (`workbench.parallel.rules`) and decides each parameter's final spec: the first matching
+rule's tensor-parallel spec, then the FSDP axis on the largest dimension the rule leaves free
+(one that divides by the fsdp size). A parameter no rule matches is replicated and *reported*
+(with a warning); an axis that does not divide a dimension is an error naming the parameter,
+the dimension, its size and the axis. The `ShardingReport` holds a `ShardEntry` per parameter,
+the totals per device and, through `shard_map`, which device holds which slice (`ShardMap`,
+what the mesh widget draws). Each entry says where its rule came from (`ShardEntry.source`).
+Rules see through PEFT's wrappers and LoRA adapters follow their base layer (`lora_spec`).
 
-- `MeshSpec`: the named mesh axes ``data x fsdp x model`` (at most one ``-1`` filled from
-  the device count). `resolve` validates the sizes in pure Python and spells the product
-  out when it is wrong; `build` switches torch_xla into SPMD mode in the order it needs and
-  returns the torch_xla mesh (a hybrid ICI x DCN mesh when `num_slices > 1`).
-- Sharding rules as data: per model family, an ordered list of (parameter-name regex ->
-  tensor-parallel partition spec). The FSDP axis is then placed on the largest dimension
-  the rule leaves free. A parameter no rule matches is replicated and *reported*.
-- `plan_sharding` (pure Python, shapes only) -> `ShardingReport`; `shard_model` applies a
-  plan to a real model with ``mark_sharding``; `shard_batch` splits inputs over data x fsdp.
-
-Every torch_xla call goes through `workbench.runtime`. Importing this module starts nothing.
+Plain Python, nothing is built or moved: the plan can be made for hardware that is not here.
+`workbench.parallel.apply` applies it to a real model.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import re
 import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.parallel.mesh import AXES
 from workbench.parallel.rules import (
@@ -34,10 +33,6 @@ from workbench.parallel.rules import (
     as_rules,
 )
 from workbench.units import format_bytes
-
-if TYPE_CHECKING:  # imported for annotations only: no runtime cost, no cycles
-    pass
-
 
 # ---- the plan ------------------------------------------------------------------------
 

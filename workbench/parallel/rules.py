@@ -1,18 +1,14 @@
-"""[from sharding] Declarative SPMD meshes and parameter sharding, validated before anything runs.
+"""Sharding rules as data: per model family, parameter-name patterns -> tensor-parallel partition specs.
 
-Three pieces, kept apart so each can be checked without the others:
+A table is an ordered list of `ShardingRule` (parameter-name regex -> partition spec over the
+``model`` axis); the first rule that matches a parameter wins. `rules_for` picks a model's
+table: a hand table named by its family's registry entry (`workbench.models.families`, a key
+of `RULE_TABLES`), else rules derived from transformers' own tensor-parallel plan
+(`workbench.parallel.tp_plan`), else `FSDP_ONLY_RULES`. The FSDP axis is then placed on the
+largest dimension the rule leaves free, and a parameter no rule matches is replicated and
+*reported* (both by `workbench.parallel.plan`).
 
-- `MeshSpec`: the named mesh axes ``data x fsdp x model`` (at most one ``-1`` filled from
-  the device count). `resolve` validates the sizes in pure Python and spells the product
-  out when it is wrong; `build` switches torch_xla into SPMD mode in the order it needs and
-  returns the torch_xla mesh (a hybrid ICI x DCN mesh when `num_slices > 1`).
-- Sharding rules as data: per model family, an ordered list of (parameter-name regex ->
-  tensor-parallel partition spec). The FSDP axis is then placed on the largest dimension
-  the rule leaves free. A parameter no rule matches is replicated and *reported*.
-- `plan_sharding` (pure Python, shapes only) -> `ShardingReport`; `shard_model` applies a
-  plan to a real model with ``mark_sharding``; `shard_batch` splits inputs over data x fsdp.
-
-Every torch_xla call goes through `workbench.runtime`. Importing this module starts nothing.
+Plain Python: nothing here touches torch_xla.
 """
 
 from __future__ import annotations
