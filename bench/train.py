@@ -57,6 +57,7 @@ def hand_loop(cfg, train_ds, tokenizer, steps: int, log_every: int, *, token_mea
 
     dev = runtime.device()
     model = build_model(cfg.model, vocab_size=len(tokenizer), seed=cfg.train.seed).to(dev)
+    model.tie_weights()  # `.to(xla)` unties the LM head from the embedding; the Trainer ties them again
     model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.learning_rate, betas=(0.9, 0.95), foreach=False)
     sched = torch.optim.lr_scheduler.LambdaLR(
