@@ -37,7 +37,9 @@ def test_base_dependencies_leave_torch_alone() -> None:
         assert needed in names
     xla_cpu = project["optional-dependencies"]["xla-cpu"]
     assert xla_cpu[:2] == ["torch==2.9.0", "torch_xla==2.9.0"]
-    assert any(d.startswith("transformers>=5") for d in xla_cpu), "the XLA:CPU environment runs transformers 5"
+    assert any(d.startswith("transformers>=5") for d in xla_cpu), (
+        "the XLA:CPU environment runs transformers 5"
+    )
     notebook = " ".join(project["optional-dependencies"]["notebook"])
     for needed in ("jupyterlab", "ipywidgets", "anywidget", "plotly", "papermill", "ipykernel"):
         assert needed in notebook
