@@ -17,6 +17,7 @@ from workbench.data.buckets import padded_tokens_for, plan_buckets
 from workbench.data.collate import (
     BucketCollator,
     PackedCollator,
+    _packed_attention_choice,
     pack_plan,
     pack_sequences,
     packing_efficiency,
@@ -31,6 +32,8 @@ from workbench.data.sampler import BucketBatchSampler
 def _brute_force(lengths: list[int], k: int, multiple: int, top: int) -> int:
     """Fewest padded tokens over every set of <= k multiples of `multiple` whose largest is `top`."""
     candidates = list(range(multiple, top, multiple))
+    if k > len(candidates):  # every candidate fits under the cap, and a boundary more never pads more
+        return sum(min(b for b in [*candidates, top] if b >= n) for n in lengths)
     best = None
     for extra in range(k):
         for chosen in itertools.combinations(candidates, extra):
@@ -249,16 +252,27 @@ def test_bucket_collator_pads_to_the_boundary():
     assert BucketCollator(0, None, 64, multiple_of=8)([[1, 2, 3], [1]])["input_ids"].shape == (2, 8)
 
 
-@pytest.mark.parametrize(("flag", "expected"), [(False, "mask4d"), (True, "position_ids")])
-def test_packed_attention_default_needs_the_mask_transformers_applies(monkeypatch, flag, expected):
-    from transformers import masking_utils
+@pytest.mark.parametrize(
+    ("detects", "flag", "major", "expected"),
+    [
+        (False, None, 4, "mask4d"),  # transformers < 4.53: no packed detection
+        (True, False, 4, "mask4d"),  # 4.x under torch < 2.6: detected, not applied
+        (True, True, 4, "position_ids"),
+        (True, None, 4, "mask4d"),  # a 4.x without the flag is one we do not know
+        (True, None, 5, "position_ids"),  # 5.x dropped the flag with torch < 2.6: always applied
+        (False, None, 5, "mask4d"),
+    ],
+)
+def test_packed_attention_default_needs_the_mask_transformers_applies(detects, flag, major, expected):
+    assert _packed_attention_choice(detects, flag, major) == expected
 
-    # transformers detects packed rows under any torch but applies the mask only under torch >= 2.6
-    monkeypatch.setattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", flag)
-    assert PackedCollator(0, 8).attention == expected
-    monkeypatch.delattr(masking_utils, "_is_torch_greater_or_equal_than_2_6")
-    assert PackedCollator(0, 8).attention == "mask4d"  # a transformers we do not know: the safe mask
-    assert PackedCollator(0, 8, attention="position_ids").attention == "position_ids"  # asked for: kept
+
+def test_packed_attention_default_under_the_installed_transformers():
+    # transformers 4.57 (flag True under torch 2.9) and 5.x (no flag) both detect and apply
+    assert PackedCollator(0, 8).attention == "position_ids"
+    assert PackedCollator(0, 8, attention="mask4d").attention == "mask4d"  # asked for: kept
+    with pytest.raises(ValueError, match="attention='flash'"):
+        PackedCollator(0, 8, attention="flash")
 
 
 def test_pack_plan_uses_every_sequence_once_within_the_row():
@@ -289,6 +303,73 @@ def test_packed_rows_restart_positions_and_mask_the_border():
     assert set(plain) == {"input_ids", "labels", "position_ids"}
 
 
+def _mask_from_lengths(rows, length):
+    """The packed mask built independently, from each row's sequence lengths: True where attention is allowed."""
+    allowed = torch.zeros((len(rows), length, length), dtype=torch.bool)
+    for r, row in enumerate(rows):
+        start = 0
+        for n in [*row["seq_lengths"], length - sum(row["seq_lengths"])]:  # the padding is its own segment
+            allowed[r, start : start + n, start : start + n] = torch.ones(n, n, dtype=torch.bool).tril()
+            start += n
+    return allowed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_causal_mask_is_block_diagonal_from_position_resets(dtype):
+    from workbench.models.inputs import packed_causal_mask
+
+    gen = torch.Generator().manual_seed(3)
+    seqs = [[1] * int(n) for n in torch.randint(1, 24, (40,), generator=gen)]
+    rows = pack_sequences(seqs, 32)
+    batch = PackedCollator(0, 32, attention="position_ids")(rows)
+    mask = packed_causal_mask(batch["position_ids"], dtype)
+    assert mask.shape == (len(rows), 1, 32, 32) and mask.dtype == dtype
+    assert set(mask.unique().tolist()) == {0.0, torch.finfo(dtype).min}
+    assert torch.equal(mask[:, 0] == 0, _mask_from_lengths(rows, 32))
+    host = PackedCollator(0, 32, attention="mask4d", mask_dtype=dtype)(rows)["attention_mask"]
+    assert torch.equal(host, mask)  # mask4d: the same mask, built on the host from the lengths
+
+
+def _tiny_model(family="llama", **overrides):
+    from workbench.config import ModelConfig
+    from workbench.models.build import build_model
+
+    model = build_model(
+        ModelConfig(
+            family=family, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=128
+        )
+    ).eval()
+    for key, value in overrides.items():
+        setattr(model.config, key, value)
+    return model
+
+
+def test_model_inputs_give_every_forward_a_mask_that_needs_no_host_read():
+    """Transformers 5 reads the device (a host sync) to look for packed rows in any forward without
+    an attention mask; the objective's inputs always carry one, built on the batch's device."""
+    from workbench.models.inputs import model_inputs, packed_causal_mask
+
+    model = _tiny_model()
+    ids = torch.randint(0, 128, (2, 8))
+    plain = model_inputs({"input_ids": ids, "labels": ids, "note": "dropped"}, model)
+    assert set(plain) == {"input_ids", "attention_mask"} and torch.equal(
+        plain["attention_mask"], torch.ones_like(ids)
+    )
+    padded = BucketCollator(0, [8])([[1, 2, 3], [4, 5, 6, 7, 8, 9]])
+    assert (
+        model_inputs(padded, model)["attention_mask"] is padded["attention_mask"]
+    )  # a mask of its own: kept
+    rows = pack_sequences([[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11]], 8)
+    packed = PackedCollator(0, 8, attention="position_ids")(rows)
+    inputs = model_inputs(packed, model)
+    assert set(inputs) == {"input_ids", "position_ids", "attention_mask"}
+    assert torch.equal(inputs["attention_mask"], packed_causal_mask(packed["position_ids"], model.dtype))
+    # A sliding window shorter than the row: a ready mask would drop it, so transformers builds the mask.
+    windowed = model_inputs(packed, _tiny_model("mistral", sliding_window=4))
+    assert set(windowed) == {"input_ids", "position_ids"}
+    assert "attention_mask" in model_inputs(packed, _tiny_model("mistral", sliding_window=8))
+
+
 def _per_sequence_losses(model, batch, rows):
     logits = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits
     packed, alone = [], []
@@ -303,22 +384,23 @@ def _per_sequence_losses(model, batch, rows):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-@pytest.mark.parametrize("attention", ["position_ids", "mask4d"])
+@pytest.mark.parametrize("attention", ["position_ids", "mask4d", "objective"])
 def test_packed_loss_equals_loss_alone_on_cpu(family, attention):
-    from workbench.config import ModelConfig
-    from workbench.models.build import build_model
+    """ "position_ids": transformers' own packed mask; "mask4d": the host's; "objective": the
+    position-ids batch through `model_inputs`, the mask built where the batch is."""
+    from workbench.models.inputs import model_inputs
 
-    model = build_model(
-        ModelConfig(
-            family=family, hidden_size=32, num_heads=4, num_kv_heads=2, intermediate_size=64, vocab_size=128
-        )
-    ).eval()
+    model = _tiny_model(family)
     gen = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 128, (n,), generator=gen).tolist() for n in (7, 13, 5, 20, 9, 2)]
     rows = pack_sequences(seqs, 32)
     assert len(rows) < len(seqs)  # several sequences really share a row
+    batch = PackedCollator(0, 32, attention="position_ids" if attention == "objective" else attention)(rows)
+    if attention == "objective":
+        batch = {**model_inputs(batch, model), "labels": batch["labels"]}
+        assert batch["attention_mask"].dim() == 4
     with torch.no_grad():
-        packed, alone = _per_sequence_losses(model, PackedCollator(0, 32, attention=attention)(rows), rows)
+        packed, alone = _per_sequence_losses(model, batch, rows)
     assert packed == pytest.approx(alone, abs=1e-5)
 
 
@@ -442,7 +524,7 @@ def test_synthetic_batch_follows_a_packed_template():
 @pytest.fixture(scope="module")
 def packed_on_xla(xla_scenario):
     """tests/xla/packed_attention.py: three sequences packed into one row, Llama and Qwen2, with
-    position_ids and with a 4-D mask."""
+    position_ids, with a 4-D mask, and with position_ids through the workbench's model inputs."""
     return xla_scenario("packed_attention")
 
 
@@ -457,6 +539,44 @@ def test_three_short_sequences_pack_into_one_row(packed_on_xla):
 def test_packed_loss_equals_loss_alone_on_xla(packed_on_xla):
     for key, diff in packed_on_xla["diffs"].items():
         assert diff < 1e-5, key
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_packed_forward_through_model_inputs_reads_nothing_on_the_host(packed_on_xla):
+    """The objective's packed forward and a host-built 4-D mask need no device read. (The bare
+    position-ids forward, transformers' own detection, reads the device once under
+    transformers 5: ``find_packed_sequence_indices``.)"""
+    for family in ("llama", "qwen2"):
+        for layout in ("objective", "mask4d"):
+            assert packed_on_xla["transfers"][f"{family}/{layout}"] == 0, (family, layout, packed_on_xla)
+
+
+@pytest.fixture(scope="module")
+def packed_training(xla_scenario):
+    """tests/xla/packed_training.py: a packed Trainer run, data=2 x fsdp=4 over 8 devices."""
+    return xla_scenario("packed_training")
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_packed_sharded_training_runs_the_position_ids_layout(packed_training):
+    assert packed_training["keys"] == ["input_ids", "labels", "position_ids"], packed_training
+    assert packed_training["packing"]["rows"] < packed_training["packing"]["sequences"]
+    assert all(x == x for x in packed_training["losses"]), packed_training
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_packed_sharded_training_makes_no_host_transfers_between_log_steps(packed_training):
+    # transformers 5 without the objective's mask: one transfer per forward ([3, 3] here)
+    assert packed_training["transfers"] == [0, 0], packed_training
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_packed_sharded_training_compiles_nothing_after_warmup(packed_training):
+    assert packed_training["compiles_after_warmup"] == 0, packed_training
 
 
 @pytest.fixture(scope="module")

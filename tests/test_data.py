@@ -59,6 +59,48 @@ def test_tokenizer_is_trained_cached_and_complete(tokenizer, cache_dir):
     assert len(list((cache_dir / "tokenizers").iterdir())) == 1  # nothing trained twice, no leftovers
 
 
+def test_the_cached_tokenizer_loads_whichever_transformers_wrote_it(tokenizer, cache_dir, tmp_path):
+    """The cache is shared by every transformers the user runs, and a tokenizer_config.json written
+    by transformers 5 ("TokenizersBackend", a list of extra special tokens) fails to load under
+    4.x: the entry loads from tokenizer.json and the workbench's own settings instead."""
+    import shutil
+
+    (entry,) = (cache_dir / "tokenizers").iterdir()
+    copy = tmp_path / "tokenizers" / entry.name
+    shutil.copytree(entry, copy)
+    written_by_5 = {
+        "backend": "tokenizers",
+        "bos_token": "<|bos|>",
+        "eos_token": "<|end|>",
+        "pad_token": "<|pad|>",
+        "extra_special_tokens": ["<|system|>", "<|user|>", "<|assistant|>"],
+        "model_max_length": 1000000,
+        "tokenizer_class": "TokenizersBackend",
+    }
+    (copy / "tokenizer_config.json").write_text(json.dumps(written_by_5))
+    loaded = data.get_tokenizer(DataConfig(), cache_dir=tmp_path)
+    assert loaded.get_vocab() == tokenizer.get_vocab()
+    assert (loaded.bos_token_id, loaded.eos_token_id, loaded.pad_token_id) == (
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )
+    assert loaded.all_special_tokens == tokenizer.all_special_tokens
+    assert loaded.chat_template == data.CHAT_TEMPLATE
+
+
+def test_chat_token_ids_are_a_plain_list_under_every_transformers(tokenizer):
+    """transformers 5's apply_chat_template(tokenize=True) returns a BatchEncoding (4.x: a list)."""
+    messages = [{"role": "user", "content": "What does len do?"}, {"role": "assistant", "content": "Counts."}]
+    ids = data.chat_token_ids(tokenizer, messages)
+    assert type(ids) is list and all(type(i) is int for i in ids)
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id
+    prompt = data.chat_token_ids(tokenizer, messages[:1], add_generation_prompt=True)
+    assert tokenizer.decode(prompt).endswith("<|assistant|>\n") and ids[: len(prompt)] == prompt
+
+
 def test_tokenizer_training_is_deterministic(tokenizer):
     retrained = data.train_tokenizer(data.embedded_corpus(), 512)
     assert retrained.get_vocab() == tokenizer.get_vocab()
@@ -152,7 +194,7 @@ def test_chat_labels_cover_only_assistant_turns(tokenizer):
         out = data.tokenize_records(ds, tokenizer, DataConfig(chat=True))
     assert len(out) == 1  # a conversation without an answer teaches nothing
     row = out[0]
-    assert row["input_ids"] == tokenizer.apply_chat_template(messages, tokenize=True)
+    assert row["input_ids"] == data.chat_token_ids(tokenizer, messages)
     labelled = [t for t, lab in zip(row["input_ids"], row["labels"]) if lab != data.IGNORE_INDEX]
     text = tokenizer.decode(labelled)
     assert "Return the number of items in a container.<|end|>" in text and "len(obj, /)<|end|>" in text

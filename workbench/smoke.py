@@ -16,6 +16,7 @@ from workbench.backend import runtime
 from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
+from workbench.models.inputs import model_inputs
 
 
 @dataclass
@@ -55,7 +56,7 @@ def run_smoke(
 
     start = time.perf_counter()
     for step in range(steps):
-        loss = model(input_ids=batch, labels=batch).loss
+        loss = model(**model_inputs({"input_ids": batch}, model), labels=batch).loss  # no host read
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

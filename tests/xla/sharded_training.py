@@ -14,6 +14,7 @@ from workbench.backend import runtime
 from workbench.backend.hardware import detect
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
+from workbench.models.inputs import model_inputs
 from workbench.parallel.apply import batch_sharding, batch_spec, move_model, shard_batch, shard_model
 from workbench.parallel.mesh import MeshError, MeshSpec, mesh_preset
 from workbench.parallel.plan import shard_map
@@ -43,7 +44,9 @@ def train(cfg: ModelConfig, ids_cpu: torch.Tensor, spec: dict[str, int] | None) 
     compiles0, transfers0 = runtime.compile_count(), runtime.transfer_count()
     losses = []
     for _ in range(3):
-        loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"], use_cache=False).loss
+        # The trainer's forward: its objective's inputs (`model_inputs`) carry an attention mask,
+        # which keeps transformers 5 from reading the device to look for packed rows.
+        loss = model(**model_inputs(batch, model), labels=batch["input_ids"]).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -58,7 +61,7 @@ def train(cfg: ModelConfig, ids_cpu: torch.Tensor, spec: dict[str, int] | None) 
         return out
     # One more backward with a sync before the optimizer (as gradient accumulation does): the
     # gradients that survive the step must be sharded like their parameters.
-    model(input_ids=batch["input_ids"], labels=batch["input_ids"], use_cache=False).loss.backward()
+    model(**model_inputs(batch, model), labels=batch["input_ids"]).loss.backward()
     runtime.sync(wait=True)  # shards can only be read once the step has finished
     params = dict(model.named_parameters())
     out["tied"] = model.get_output_embeddings().weight is model.get_input_embeddings().weight

@@ -44,6 +44,7 @@ def compiled_step_probe(
 
         from workbench.backend import runtime
         from workbench.models.build import build_model, enable_gradient_checkpointing
+        from workbench.models.inputs import model_inputs
 
         if runtime.compile_memory_log_path() is None:
             return None
@@ -56,7 +57,7 @@ def compiled_step_probe(
             enable_gradient_checkpointing(model, xla=True)
         params = [p for p in model.parameters() if p.requires_grad]
         ids = torch.zeros((batch_size, seq_len), dtype=torch.long, device=dev)
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(**model_inputs({"input_ids": ids}, model), labels=ids).loss  # no host read
         loss.backward()
         if optimizer == "adamw":
             # the steady-state step: moments exist, as after the first real step
@@ -120,6 +121,7 @@ def compiled_step_memory(
 
     from workbench.backend import runtime
     from workbench.models.build import build_model, enable_gradient_checkpointing
+    from workbench.models.inputs import model_inputs
 
     if runtime.compile_memory_log_path() is None:
         raise RuntimeError(
@@ -158,7 +160,7 @@ def compiled_step_memory(
     if mesh is not None:
         runtime.mark_sharding(ids, mesh, ("fsdp", None))
     for _ in range(steps):
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(**model_inputs({"input_ids": ids}, model), labels=ids).loss  # no host read
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

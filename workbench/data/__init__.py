@@ -15,7 +15,13 @@ from workbench.data.collate import (
 )
 from workbench.data.corpus import ASSETS, CHAT_SAMPLE, embedded_corpus, generate_chat_sample
 from workbench.data.loader import make_loader, plan_for_config, prewarm, synthetic_batch
-from workbench.data.records import IGNORE_INDEX, build_datasets, load_records, tokenize_records
+from workbench.data.records import (
+    IGNORE_INDEX,
+    build_datasets,
+    chat_token_ids,
+    load_records,
+    tokenize_records,
+)
 from workbench.data.sampler import BucketBatchSampler
 from workbench.data.tokenizer import CACHE_ENV, CHAT_TEMPLATE, cache_root, get_tokenizer, train_tokenizer
 
@@ -32,6 +38,7 @@ __all__ = [
     "PackedCollator",
     "build_datasets",
     "cache_root",
+    "chat_token_ids",
     "embedded_corpus",
     "generate_chat_sample",
     "get_tokenizer",

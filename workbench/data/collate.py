@@ -6,22 +6,30 @@ Padding positions get the label `IGNORE_INDEX`, so they add nothing to the loss.
 
 Packing puts several sequences in one row of fixed length instead: `pack_plan` groups them
 (best-fit decreasing), `pack_sequences` builds the rows, `packing_efficiency` says how full
-they are and `PackedCollator` turns a batch of rows into tensors. Packing keeps sequences
-apart under eager attention (what `workbench.models.build_model` uses on XLA) in one of two
-ways, both checked against per-sequence losses in the tests:
+they are and `PackedCollator` turns a batch of rows into tensors. A packed row's sequences are
+told apart by their ``position_ids``, which restart at 0 for each sequence, and kept apart by a
+block-diagonal causal mask (each token sees the earlier tokens of its own sequence) under
+eager attention (what `workbench.models.build_model` uses on XLA). The mask comes in one of two
+layouts, both checked against per-sequence losses in the tests:
 
-- ``attention="position_ids"`` (default with transformers >= 4.53 and torch >= 2.6): the batch
-  carries no ``attention_mask`` and ``position_ids`` that restart at 0 for each sequence;
-  transformers' ``masking_utils`` then detects the packed format
-  (``find_packed_sequence_indices``) and builds the block-diagonal causal mask on the device.
-  Only ``batch x length`` integers cross to the device. transformers does this only without a KV cache: call the model with
-  ``use_cache=False`` (the trainer does; with a cache the rows' sequences would see each other).
-  Under torch < 2.6 transformers detects the packing but does not apply it (its mask functions
-  need torch >= 2.6), so the default there is "mask4d".
-- ``attention="mask4d"``: a ready ``(batch, 1, length, length)`` additive float mask
-  (0 inside a sequence's causal block, the dtype's minimum elsewhere), which transformers passes
-  to eager attention unchanged. Works with older transformers and torch; costs ``length**2``
-  floats per row on the host-to-device link.
+- ``attention="position_ids"`` (the default where transformers understands packed rows): the
+  batch carries no ``attention_mask``, so only ``batch x length`` integers cross to the device.
+  The workbench's forwards build the mask there from the position ids
+  (`workbench.models.inputs.model_inputs`). A model called on the batch directly gets it from
+  transformers: its ``masking_utils`` detects the position resets
+  (``find_packed_sequence_indices``, transformers >= 4.53) and builds the same mask, only
+  without a KV cache (the workbench's models have it off), and under transformers 5 after
+  reading the device to see whether a row is packed at all (a host sync per forward, which
+  `model_inputs` avoids). Transformers 4.x under torch < 2.6 detects the packing but does not
+  apply it, so the default there is "mask4d".
+- ``attention="mask4d"``: the mask built on the host, a ``(batch, 1, length, length)``
+  additive float mask (0 inside a sequence's causal block, the dtype's minimum elsewhere), which
+  transformers passes to eager attention unchanged. Works with any transformers and torch;
+  costs ``length**2`` floats per row on the host-to-device link.
+
+A ready 4-D mask replaces transformers' own masks, sliding windows included: "mask4d" is meant
+for rows no longer than the model's sliding window (`model_inputs` leaves a model whose window
+is shorter than the row to transformers).
 
 In both, the label of each sequence's first token is set to -100: under the causal shift it
 would otherwise be predicted from the previous sequence's last token.
@@ -167,28 +175,47 @@ def pack_sequences(examples: Sequence[Any], row_length: int) -> list[dict[str, l
     return rows
 
 
+def _packed_attention_choice(detects: bool, applies_flag: bool | None, transformers_major: int) -> str:
+    """ "position_ids" where transformers both detects packed rows and applies their mask, else "mask4d".
+
+    `detects`: transformers has ``masking_utils.find_packed_sequence_indices`` (>= 4.53).
+    `applies_flag`: its ``masking_utils._is_torch_greater_or_equal_than_2_6`` where it has one
+    (4.x: it applies the packed mask only under torch >= 2.6), None where it has none.
+    Transformers 5 has no such flag: it needs torch >= 2.6 and always applies the mask. A 4.x
+    without the flag is one we do not know: "mask4d" is correct everywhere.
+    """
+    if not detects:
+        return "mask4d"
+    if applies_flag is None:
+        return "position_ids" if transformers_major >= 5 else "mask4d"
+    return "position_ids" if applies_flag else "mask4d"
+
+
 def _packed_attention_default() -> str:
     """ "position_ids" where transformers both detects packed rows and applies the mask, else "mask4d"."""
     try:
+        import transformers
         from transformers import masking_utils
     except ImportError:  # transformers without masking_utils: no packed detection at all
         return "mask4d"
-    if not hasattr(masking_utils, "find_packed_sequence_indices"):  # transformers < 4.53
-        return "mask4d"
-    # transformers detects the packing under any torch but applies its mask only when this flag
-    # of its own is true (torch >= 2.6); read the flag rather than re-derive the condition. A
-    # transformers without the flag is one we do not know: mask4d is correct everywhere.
-    if not getattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", False):
-        return "mask4d"
-    return "position_ids"
+    try:
+        major = int(transformers.__version__.split(".")[0])
+    except ValueError:
+        major = 0
+    return _packed_attention_choice(
+        hasattr(masking_utils, "find_packed_sequence_indices"),
+        getattr(masking_utils, "_is_torch_greater_or_equal_than_2_6", None),
+        major,
+    )
 
 
 class PackedCollator:
     """Pads packed rows to `row_length` and adds what keeps their sequences apart.
 
     ``attention="position_ids"``: ``input_ids``, ``labels``, ``position_ids`` (no attention
-    mask, so transformers builds the block-diagonal causal mask from the position resets);
-    ``attention="mask4d"``: also a ``(batch, 1, L, L)`` additive float ``attention_mask``.
+    mask: the block-diagonal causal mask is built on the device from the position resets, by
+    `workbench.models.inputs.model_inputs` or by transformers); ``attention="mask4d"``: also
+    that mask, built here as a ``(batch, 1, L, L)`` additive float ``attention_mask``.
     Padding at a row's end is its own segment (positions from 0, labels -100).
     """
 

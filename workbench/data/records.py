@@ -137,6 +137,24 @@ def _warn_left_out(dropped: int, total: int, why: str) -> None:
         )
 
 
+def chat_token_ids(
+    tokenizer: Any, messages: list[dict[str, str]], *, add_generation_prompt: bool = False
+) -> list[int]:
+    """The token ids of `messages` rendered with the tokenizer's chat template, as a plain list.
+
+    ``apply_chat_template(..., tokenize=True)`` returns a list under transformers 4.x and a
+    ``BatchEncoding`` (``input_ids``, ``attention_mask``) under 5.x, whose default became
+    ``return_dict=True``; asking for ``return_dict=False`` gives the list under both, and a
+    tokenizer that answers with a mapping anyway has its ``input_ids`` taken.
+    """
+    out = tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+    )
+    if hasattr(out, "keys"):
+        out = out["input_ids"]
+    return [int(i) for i in out]
+
+
 def _chat_example(messages: list[dict[str, str]], tokenizer: Any) -> dict[str, list[int]]:
     """Ids of the rendered conversation; labels only on the assistant turns.
 
@@ -146,10 +164,7 @@ def _chat_example(messages: list[dict[str, str]], tokenizer: Any) -> dict[str, l
     """
 
     def render(msgs: list[dict[str, str]], prompt: bool) -> list[int]:
-        out = tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=prompt)
-        if isinstance(out, dict) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
+        return chat_token_ids(tokenizer, msgs, add_generation_prompt=prompt)
 
     ids = render(messages, False)
     labels = [IGNORE_INDEX] * len(ids)

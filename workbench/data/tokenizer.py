@@ -6,7 +6,8 @@ vocabulary), wrapped as a ``transformers.PreTrainedTokenizerFast`` with ``<|bos|
 ``<|end|>`` (eos), ``<|pad|>``, role tokens and a chat template (`CHAT_TEMPLATE`). It is
 cached on disk under `cache_root` (``$XLA_WORKBENCH_CACHE``, default
 ``~/.cache/xla-workbench``) keyed by a hash of the corpus, the size and the recipe, so only
-the first call trains. A user's own tokenizer directory (``data.tokenizer_path``) loads with
+the first call trains; the cached entry loads under transformers 4.x and 5.x alike. A user's
+own tokenizer directory (``data.tokenizer_path``) loads with
 ``AutoTokenizer.from_pretrained(path)`` instead.
 """
 
@@ -60,7 +61,6 @@ def _tokenizer_key(corpus: list[str], vocab_size: int) -> str:
 def train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
     """A byte-level BPE trained on `corpus`, as a `transformers` fast tokenizer with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     if vocab_size < 64:
         raise ValueError(f"data.tokenizer_vocab_size={vocab_size} is not allowed: must be >= 64")
@@ -74,6 +74,13 @@ def train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
         show_progress=False,
     )
     core.train_from_iterator(corpus, trainer=trainer)
+    return _wrap(core)
+
+
+def _wrap(core: Any) -> Any:
+    """A ``tokenizers.Tokenizer`` as the workbench's `transformers` fast tokenizer (special tokens, template)."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token=BOS,
@@ -88,7 +95,8 @@ def train_tokenizer(corpus: list[str], vocab_size: int) -> Any:
 
 def get_tokenizer(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None) -> Any:
     """`data_cfg.tokenizer_path` through AutoTokenizer, else the BPE on the embedded corpus (cached)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
 
     if data_cfg.tokenizer_path:
         path = Path(data_cfg.tokenizer_path).expanduser()
@@ -105,7 +113,11 @@ def get_tokenizer(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None
     vocab = int(data_cfg.tokenizer_vocab_size)
     target = cache_root(cache_dir) / "tokenizers" / _tokenizer_key(corpus, vocab)
     if (target / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(str(target))
+        # From tokenizer.json alone (the ``tokenizers`` format, read by every version): the
+        # directory's tokenizer_config.json is in the format of the transformers that wrote it,
+        # and one written by transformers 5 does not load under 4.x (its class
+        # "TokenizersBackend", its list of "extra_special_tokens"), while the cache is shared.
+        return _wrap(Tokenizer.from_file(str(target / "tokenizer.json")))
     tokenizer = train_tokenizer(corpus, vocab)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tok-", dir=target.parent))

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.data.records import IGNORE_INDEX
+from workbench.models.inputs import model_inputs
 from workbench.train.objective import shift_for_next_token, token_ce_sum
 
 
@@ -76,10 +77,6 @@ def distillation_loss(
     return (alpha * temperature**2 * kl + (1.0 - alpha) * ce) / tokens
 
 
-def _model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
-
-
 def _hidden_size(model: Any) -> int:
     config = model.config
     return int(getattr(config, "hidden_size", None) or config.n_embd)
@@ -125,10 +122,9 @@ class DistillationObjective(torch.nn.Module):
     def forward(self, student: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         settings = self.settings
         want_hidden = self.projection is not None
-        inputs = _model_inputs(batch)
         with torch.no_grad():
-            t_out = self.teacher(**inputs, output_hidden_states=want_hidden)
-        s_out = student(**inputs, output_hidden_states=want_hidden)
+            t_out = self.teacher(**model_inputs(batch, self.teacher), output_hidden_states=want_hidden)
+        s_out = student(**model_inputs(batch, student), output_hidden_states=want_hidden)
         s, y = shift_for_next_token(s_out.logits, batch["labels"])
         t, _ = shift_for_next_token(t_out.logits.detach(), batch["labels"])
         mask = (y != IGNORE_INDEX).to(torch.float32)
@@ -160,9 +156,8 @@ def mean_token_kl(
     kl_total = torch.zeros(())
     tokens_total = torch.zeros(())
     for batch in batches:
-        inputs = _model_inputs(batch)
-        s, y = shift_for_next_token(student(**inputs).logits, batch["labels"])
-        t, _ = shift_for_next_token(teacher(**inputs).logits, batch["labels"])
+        s, y = shift_for_next_token(student(**model_inputs(batch, student)).logits, batch["labels"])
+        t, _ = shift_for_next_token(teacher(**model_inputs(batch, teacher)).logits, batch["labels"])
         mask = (y != IGNORE_INDEX).to(torch.float32)
         kl_total = kl_total.to(s.device) + token_kl_sum(s, t, mask, temperature)
         tokens_total = tokens_total.to(s.device) + mask.sum()

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.data.records import IGNORE_INDEX
+from workbench.models.inputs import model_inputs
 
 
 def shift_for_next_token(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,9 +30,6 @@ def token_ce_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
-MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
-
-
 # ---- objectives ----------------------------------------------------------------------------------
 
 
@@ -39,7 +37,8 @@ class CausalLMObjective(torch.nn.Module):
     """Next-token cross-entropy: returns the sum over real positions and their count (fp32)."""
 
     def forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        inputs = {k: v for k, v in batch.items() if k in MODEL_INPUT_KEYS}
-        logits = model(**inputs).logits  # the KV cache is off: workbench.models.build.no_kv_cache
+        # The batch's model keys and a mask built on its device: no host read in transformers 5's
+        # masking (workbench.models.inputs). The KV cache is off: workbench.models.build.no_kv_cache.
+        logits = model(**model_inputs(batch, model)).logits
         s, y = shift_for_next_token(logits, batch["labels"])
         return {"loss_sum": token_ce_sum(s, y), "tokens": (y != IGNORE_INDEX).sum().to(torch.float32)}
