@@ -50,6 +50,7 @@ def main() -> None:
     from workbench.backend.hardware import detect
     from workbench.config import ModelConfig
     from workbench.models.build import build_model
+    from workbench.models.inputs import model_inputs
 
     hw = detect("xla")
     dev = runtime.device()
@@ -64,7 +65,7 @@ def main() -> None:
     fpt = training_flops_per_token(model, args.seq_len)
 
     def step() -> torch.Tensor:
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(**model_inputs({"input_ids": ids}, model), labels=ids).loss  # masked: no device read
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

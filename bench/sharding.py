@@ -36,6 +36,7 @@ import torch
 from workbench.backend import runtime
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
+from workbench.models.inputs import model_inputs
 
 MESHES = [
     {"data": 1, "fsdp": 8, "model": 1},
@@ -85,7 +86,7 @@ def train_and_measure(spec: dict[str, int] | None) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step() -> torch.Tensor:
-        loss = model(input_ids=batch, labels=batch).loss
+        loss = model(**model_inputs({"input_ids": batch}, model), labels=batch).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -106,7 +107,7 @@ def train_and_measure(spec: dict[str, int] | None) -> dict:
     recompiles = runtime.compile_count() - compiles
 
     # One more backward so gradients exist, then read every shard back.
-    loss = model(input_ids=batch, labels=batch).loss
+    loss = model(**model_inputs({"input_ids": batch}, model), labels=batch).loss
     loss.backward()
     runtime.sync(wait=True)  # shards can only be read once the step has finished
     params = list(model.parameters())

@@ -18,6 +18,7 @@ from workbench.backend import runtime
 from workbench.backend.hardware import detect
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
+from workbench.models.inputs import model_inputs
 
 B, T = 4, 32
 
@@ -36,7 +37,8 @@ def main(out_dir: str) -> dict[str, Any]:
     fpt = training_flops_per_token(model, T)
 
     def step(batch: torch.Tensor = ids) -> torch.Tensor:
-        loss = model(input_ids=batch, labels=batch).loss
+        # with a mask, as the Trainer's forwards: transformers 5 reads the device without one
+        loss = model(**model_inputs({"input_ids": batch}, model), labels=batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
