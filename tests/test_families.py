@@ -17,6 +17,7 @@ import warnings
 import pytest
 import transformers
 
+from tests.tiny import tiny
 from workbench.analysis.estimate import estimate, model_shape
 from workbench.config import ConfigError, ModelConfig, ModelFamily, WorkbenchConfig
 from workbench.models import build
@@ -28,21 +29,6 @@ from workbench.parallel.rules import RULE_TABLES, TP_PLAN, TP_PLAN_TABLE, rules_
 # Adding a family: its registry entry, and its name here.
 EXPECTED = ("llama", "qwen2", "mistral", "gemma", "gpt2", "gemma2", "gemma3_text", "qwen3", "phi3")
 SIZES = {"data": 1, "fsdp": 2, "model": 2}
-
-
-def tiny(family: str, **overrides) -> ModelConfig:
-    fields = dict(
-        family=family,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        vocab_size=512,
-        max_position_embeddings=128,
-    )
-    fields.update(overrides)
-    return ModelConfig(**fields)
 
 
 def available(name: str):

@@ -15,8 +15,9 @@ import re
 
 import pytest
 
+from tests.tiny import tiny
 from workbench.backend.hardware import GiB, HardwareInfo
-from workbench.config import MeshConfig, ModelConfig
+from workbench.config import MeshConfig
 from workbench.models.build import build_model
 from workbench.parallel.apply import batch_spec
 from workbench.parallel.mesh import MeshError, MeshSpec, check_batch_size, mesh_from_config, mesh_preset
@@ -38,21 +39,6 @@ MESHES = [
     {"data": 1, "fsdp": 4, "model": 2},
 ]
 FAMILIES = ["llama", "qwen2", "mistral", "gemma", "gpt2"]
-
-
-def tiny(family: str, **overrides) -> ModelConfig:
-    fields = dict(
-        family=family,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        vocab_size=512,
-        max_position_embeddings=128,
-    )
-    fields.update(overrides)
-    return ModelConfig(**fields)
 
 
 def params_of(model) -> list[tuple[str, tuple[int, ...], object]]:

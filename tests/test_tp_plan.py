@@ -15,8 +15,8 @@ import warnings
 import pytest
 import transformers
 
+from tests.tiny import tiny
 from tests.xla.tp_plan_training import build
-from workbench.config import ModelConfig
 from workbench.models.build import build_model
 from workbench.parallel.apply import transposed_weights
 from workbench.parallel.plan import lora_spec, plan_sharding, rule_name
@@ -193,21 +193,6 @@ PHI3_FUSED = (
     rule(r"self_attn\.qkv_proj\.weight$", ("model", None)),
     rule(r"mlp\.gate_up_proj\.weight$", ("model", None)),
 )
-
-
-def tiny(family: str, **overrides) -> ModelConfig:
-    fields = dict(
-        family=family,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        vocab_size=512,
-        max_position_embeddings=128,
-    )
-    fields.update(overrides)
-    return ModelConfig(**fields)
 
 
 @pytest.mark.parametrize("family", installed(REGISTRY_PLAN_FAMILIES))

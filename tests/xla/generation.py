@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from tests.tiny import tiny
 from tests.xla import run
 from workbench.config import ModelConfig
 
@@ -37,16 +38,7 @@ def tiny_model(family: str, *, sliding_window: int | None = None, seed: int = 0)
     initialiser's, whose near-uniform logits make ties), in eval mode on the CPU."""
     from workbench.models.build import build_model
 
-    cfg = ModelConfig(
-        family=family,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        vocab_size=512,
-        max_position_embeddings=256,
-    )
+    cfg = tiny(family, max_position_embeddings=256)
     model = build_model(cfg, seed=seed)
     if sliding_window is not None:
         model.config.sliding_window = sliding_window

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from tests.tiny import tiny
 from tests.xla import run
 from workbench.backend import runtime
 from workbench.backend.hardware import detect
@@ -132,16 +133,7 @@ def main(family: str, meshes: list[dict[str, int]]) -> dict[str, Any]:
     hw = detect("xla")
     preset = mesh_preset(hw)
     runtime.use_spmd()
-    cfg = ModelConfig(
-        family=family,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=128,
-        vocab_size=512,
-        max_position_embeddings=128,
-    )
+    cfg = tiny(family)
     ids_cpu = torch.randint(0, 512, (8, 32), generator=torch.Generator().manual_seed(0))
 
     results: dict[str, Any] = {
