@@ -401,16 +401,16 @@ def test_a_pretrained_path_is_read_from_its_own_config(tmp_path):
 
 def test_compile_memory_log_is_parsed(tmp_path, monkeypatch):
     """The block torch_xla 2.9 writes after each compile (debug_util.cpp), values in GiB."""
-    from workbench.backend import runtime
+    from workbench.backend import compile_log
 
     log = tmp_path / "compile.log"
     monkeypatch.setenv("PT_XLA_DEBUG_LEVEL", "0")
     monkeypatch.setenv("PT_XLA_DEBUG_FILE", "")
-    assert runtime.compile_memory_log_path() is None
+    assert compile_log.compile_memory_log_path() is None
     monkeypatch.delenv("PT_XLA_DEBUG_LEVEL")
-    runtime.enable_compile_memory_log(log)
-    assert runtime.compile_memory_log_path() == str(log)
-    assert runtime.compiled_memory_records() == []
+    compile_log.enable_compile_memory_log(log)
+    assert compile_log.compile_memory_log_path() == str(log)
+    assert compile_log.compiled_memory_records() == []
     block = (
         "\nComputation hash: 1f2e\n\nPost Compilation Analysis: " + "=" * 80 + "\n"
         "Post Compilation Analysis: Graph input size: 0.001562 GB\n"
@@ -421,7 +421,7 @@ def test_compile_memory_log_is_parsed(tmp_path, monkeypatch):
         "Post Compilation Analysis: " + "-" * 80 + "\n"
     )
     log.write_text("Compilation Analysis: noise\n" + block + block.replace("0.004768", "0.009537"))
-    first, second = runtime.compiled_memory_records()
+    first, second = compile_log.compiled_memory_records()
     assert first.argument_bytes == round(0.001562 * 2**30) and first.temp_bytes == round(0.004768 * 2**30)
     assert (
         first.peak_bytes == first.argument_bytes + first.output_bytes - first.alias_bytes + first.temp_bytes

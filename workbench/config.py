@@ -58,6 +58,8 @@ class ModelConfig:
     """Longest sequence the position embedding supports."""
     tie_word_embeddings: bool = True
     """Share the input embedding and the output projection."""
+    scan_layers: bool = False
+    """On XLA, compile the decoder stack as one scanned layer (compile time stops growing with depth; layers must be identical)."""
 
 
 @dataclass
@@ -86,8 +88,12 @@ class DataConfig:
 class BucketConfig:
     strategy: Literal["optimal", "pow2", "multiple", "quantile", "none", "max"] = "optimal"
     """How sequence-length boundaries are planned; 'none' pads each batch to its longest member, 'max' pads to max_length."""
-    max_buckets: int = 4
-    """Most distinct padded lengths (compiled shapes) allowed."""
+    max_buckets: int | Literal["auto"] = 4
+    """Most distinct padded lengths (compiled shapes) allowed; 'auto' picks the number that minimises padding time plus compile time."""
+    compile_seconds: float | None = None
+    """With max_buckets 'auto': seconds one more shape costs to compile (None measures it on the run's first shape)."""
+    seconds_per_padded_token: float | None = None
+    """With max_buckets 'auto': training seconds per padded token (None measures it on the run's first shape)."""
     multiple_of: int = 8
     """Every boundary is a multiple of this (TPU likes 128 for large models; 8 is fine for tiny ones)."""
     packing: bool = False
@@ -156,6 +162,8 @@ class TrainConfig:
     """Factor the batch grows by each time."""
     dynamic_batch_max: int | None = None
     """Largest batch dynamic growth may reach; None: as large as the memory estimate allows (no cap where memory is unknown)."""
+    compile_cache_dir: str | None = "auto"
+    """Persistent XLA compilation cache, kept across sessions; 'auto' uses one on a TPU (Drive, /kaggle/working or ./.xla_cache), None turns it off."""
     prewarm: bool = True
     """On XLA, compile every batch shape the run can meet before the first step (no compiles mid-run)."""
     resume: bool = True
@@ -434,7 +442,15 @@ def _validate(obj: Any, prefix: str) -> None:
             0.0 <= obj.eval_fraction <= 0.5, f"{p}eval_fraction", obj.eval_fraction, "must be in [0, 0.5]"
         )
     elif isinstance(obj, BucketConfig):
-        _require(obj.max_buckets >= 1, f"{p}max_buckets", obj.max_buckets, "must be >= 1")
+        _require(
+            obj.max_buckets == "auto" or obj.max_buckets >= 1,
+            f"{p}max_buckets",
+            obj.max_buckets,
+            "must be >= 1 or 'auto'",
+        )
+        for name in ("compile_seconds", "seconds_per_padded_token"):
+            value = getattr(obj, name)
+            _require(value is None or value > 0, f"{p}{name}", value, "must be > 0 or null")
         _require(obj.multiple_of >= 1, f"{p}multiple_of", obj.multiple_of, "must be >= 1")
         _require(
             obj.tokens_per_batch is None or obj.tokens_per_batch >= 1,

@@ -14,7 +14,7 @@ from tests.xla import run
 from workbench.analysis.flops import training_flops_per_token
 from workbench.analysis.profiler import StepProfiler
 from workbench.analysis.trace import trace
-from workbench.backend import runtime
+from workbench.backend import compile_log, runtime
 from workbench.backend.hardware import detect
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
@@ -94,7 +94,7 @@ def main(out_dir: str) -> dict[str, Any]:
         res[name] = {"advice": [a.kind for a in prof.advice()], "mfu": prof.history[-1]["mfu"]}
 
     # memory: the compiled program's own figure against a limit just above / far above it
-    peak = max(r.peak_bytes for r in runtime.compiled_memory_records())
+    peak = max(r.peak_bytes for r in compile_log.compiled_memory_records())
     for name, limit in (("mem_near", int(peak * 1.05)), ("mem_far", peak * 3)):
         prof = StepProfiler(hw, log_every=5, warmup_steps=0, memory_limit_bytes=limit)
         for _ in range(5):

@@ -53,6 +53,9 @@ class IntervalMetrics(TypedDict):
     input_wait_fraction: float
     compiled_program_bytes: int | None
     recompile_steps: list[int]
+    recompile_causes: list[str]
+    """Why each compile after warm-up happened, aligned with `recompile_steps`: the inputs whose
+    shape or dtype changed and the Python frame that triggered it (`workbench.analysis.recompiles`)."""
     grad_norm: float | None
 
 

@@ -1,8 +1,8 @@
 """The XLA compiler's own memory figure for a training step, beside which the estimate is checked.
 
 What a compiled program needs per device (inputs + non-aliased outputs + temporaries) is read
-from torch_xla's compile log (`runtime.enable_compile_memory_log`,
-`runtime.compiled_memory_records`), so the log must be on before the first compile.
+from torch_xla's compile log (`compile_log.enable_compile_memory_log`,
+`compile_log.compiled_memory_records`), so the log must be on before the first compile.
 
 - `compiled_step_probe`: for a batch size, compile (not run) one training step of a fresh
   model and return its peak, or None when the log is off: the `compiled_bytes` probe with
@@ -42,13 +42,13 @@ def compiled_step_probe(
             return seen[batch_size]
         import torch
 
-        from workbench.backend import runtime
+        from workbench.backend import compile_log, runtime
         from workbench.models.build import build_model, enable_gradient_checkpointing
         from workbench.models.inputs import model_inputs
 
-        if runtime.compile_memory_log_path() is None:
+        if compile_log.compile_memory_log_path() is None:
             return None
-        before = len(runtime.compiled_memory_records())
+        before = len(compile_log.compiled_memory_records())
         dev = runtime.device()
         model = build_model(cfg, seed=seed).to(dev)
         model.tie_weights()
@@ -77,7 +77,7 @@ def compiled_step_probe(
         else:
             outputs = [loss, *params, *(p.grad for p in params)]
         runtime.compile_only(outputs)
-        records = runtime.compiled_memory_records()[before:]
+        records = compile_log.compiled_memory_records()[before:]
         seen[batch_size] = max(r.peak_bytes for r in records) if records else None
         return seen[batch_size]
 
@@ -112,22 +112,22 @@ def compiled_step_memory(
     """Build the model of `cfg` (a workbench `ModelConfig`), run `steps` real training steps on the
     XLA device and return the compiler's analysis of the largest compiled step program.
 
-    Needs the compile memory log (`runtime.enable_compile_memory_log`) on before the first compile;
+    Needs the compile memory log (`compile_log.enable_compile_memory_log`) on before the first compile;
     `fsdp` > 1 needs SPMD on (``runtime.use_spmd()`` before any XLA tensor) and shards every
     parameter's first dimension and the batch over an ``("fsdp",)`` mesh of that many devices.
     Precision is XLA:CPU's native fp32 unless `precision='bf16'` (weights cast to bf16).
     """
     import torch
 
-    from workbench.backend import runtime
+    from workbench.backend import compile_log, runtime
     from workbench.models.build import build_model, enable_gradient_checkpointing
     from workbench.models.inputs import model_inputs
 
-    if runtime.compile_memory_log_path() is None:
+    if compile_log.compile_memory_log_path() is None:
         raise RuntimeError(
-            "compiled_step_memory needs runtime.enable_compile_memory_log(path) before the first compile"
+            "compiled_step_memory needs compile_log.enable_compile_memory_log(path) before the first compile"
         )
-    before = len(runtime.compiled_memory_records())
+    before = len(compile_log.compiled_memory_records())
     dev = runtime.device()
     model = build_model(cfg, seed=seed)
     if precision == "bf16":
@@ -166,7 +166,7 @@ def compiled_step_memory(
         opt.zero_grad(set_to_none=True)
         runtime.sync()
     runtime.wait_device_ops()
-    records = runtime.compiled_memory_records()[before:]
+    records = compile_log.compiled_memory_records()[before:]
     if not records:
         raise RuntimeError(
             "no compiled program was logged: was the compile memory log enabled before the first compile?"

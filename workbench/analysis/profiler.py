@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.analysis.flops import mfu
 from workbench.analysis.metrics import INTERVAL_KEYS, IntervalMetrics, perplexity
-from workbench.backend import runtime
+from workbench.backend import compile_log, runtime
 
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo
@@ -219,6 +219,7 @@ class StepProfiler:
             "input_wait_fraction": self._interval_wait / interval,
             "compiled_program_bytes": self._compiled_program_bytes(),
             "recompile_steps": list(self._interval_recompiles),
+            "recompile_causes": [],
             "grad_norm": grad_norm_value,
         }
         self.history.append(metrics)
@@ -241,9 +242,9 @@ class StepProfiler:
         return info["bytes_used"], limit or info["bytes_limit"] or None
 
     def _compiled_program_bytes(self) -> int | None:
-        if not self._xla or runtime.compile_memory_log_path() is None:
+        if not self._xla or compile_log.compile_memory_log_path() is None:
             return None
-        records = runtime.compiled_memory_records()
+        records = compile_log.compiled_memory_records()
         return max((r.peak_bytes for r in records), default=None)
 
     # ---- advice ----

@@ -21,8 +21,7 @@ What the rest of the package may ask of the backend:
   `local_shard_shapes`, `local_shard_indices`
 - measurement: `compile_count`, `compile_time_s`, `transfer_count`, `execute_count`,
   `metrics_snapshot`, `clear_metrics`, `metrics_report`, `memory_info`
-- compiled-program memory: `enable_compile_memory_log`, `compile_memory_log_path`,
-  `compiled_memory_records` (`CompiledMemory`), `compile_only`
+- compiling: `compile_only`, `initialize_compile_cache`, `scan_layers`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
 - training: `gradient_checkpoint_function`, `rng_state`, `set_rng_state`,
   `spmd_save_planner`, `spmd_load_planner` (sharded checkpoints)
 - profiler: `profiler` (the module; TPU traces)
@@ -422,6 +421,11 @@ def metrics_snapshot() -> dict[str, float]:
     }
 
 
+def counter_value(name: str) -> int:
+    """One of torch_xla's counters (e.g. ``PersistentCacheDeserializeFailure``); 0 when unset."""
+    return int(_met().counter_value(name) or 0) if xla_imported() else 0
+
+
 def clear_metrics() -> None:
     _met().clear_all()
 
@@ -448,93 +452,39 @@ def profiler() -> Any:
     return xp
 
 
-# ---- compiled-program memory and activation checkpointing ----------------------------
-
-
-@dataclass(frozen=True)
-class CompiledMemory:
-    """The XLA compiler's memory analysis of one compiled program (per device under SPMD).
-
-    Read from torch_xla's "Post Compilation Analysis", which prints the executable's
-    ``CompiledMemoryStats`` in GiB with six decimals: each field is exact to about 1 KiB.
-    """
-
-    argument_bytes: int
-    """Graph inputs (parameters, optimizer state, batch) the program reads."""
-    output_bytes: int
-    """Graph outputs."""
-    alias_bytes: int
-    """Outputs written in place over inputs (donated buffers: updated parameters and state)."""
-    temp_bytes: int
-    """Intermediate buffers (activations, gradients, temporaries), after XLA's buffer reuse."""
-    program_bytes: int
-    """Generated code."""
-
-    @property
-    def peak_bytes(self) -> int:
-        """Device memory the program needs while it runs: inputs + non-aliased outputs + temporaries."""
-        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
-
-
-_POST_COMPILE_FIELDS = (
-    ("argument_bytes", "Graph input size"),
-    ("output_bytes", "Graph output size"),
-    ("alias_bytes", "Aliased Input size"),
-    ("temp_bytes", "Intermediate tensor size"),
-    ("program_bytes", "Compiled program size"),
-)
-
-
-def enable_compile_memory_log(path: str | os.PathLike[str]) -> None:
-    """Have torch_xla append each compiled program's memory analysis to `path`.
-
-    Sets ``PT_XLA_DEBUG_LEVEL=1`` (compile analyses only, nothing per execution) and
-    ``PT_XLA_DEBUG_FILE``. torch_xla reads both once, at its first compile or execution,
-    so call this before any XLA work in the process (best: before importing torch_xla).
-    """
-    if runtime_started() and compile_count() > 0 and compile_memory_log_path() is None:
-        raise RuntimeError(
-            "enable_compile_memory_log() must run before the first XLA compile in this process "
-            "(torch_xla reads PT_XLA_DEBUG_LEVEL/PT_XLA_DEBUG_FILE once); set them in the environment instead"
-        )
-    os.environ["PT_XLA_DEBUG_LEVEL"] = os.environ.get("PT_XLA_DEBUG_LEVEL", "1") or "1"
-    os.environ["PT_XLA_DEBUG_FILE"] = str(path)
-
-
-def compile_memory_log_path() -> str | None:
-    """Where compiled-program memory analyses go, or None when the log is off."""
-    try:
-        level = int(os.environ.get("PT_XLA_DEBUG_LEVEL", "0") or 0)
-    except ValueError:
-        level = 0
-    path = os.environ.get("PT_XLA_DEBUG_FILE")
-    return path if level >= 1 and path else None
-
-
-def compiled_memory_records(path: str | os.PathLike[str] | None = None) -> list[CompiledMemory]:
-    """Every compiled program's memory analysis logged so far, oldest first ([] when none)."""
-    import re
-
-    path = path or compile_memory_log_path()
-    if not path or not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        text = handle.read()
-    records: list[CompiledMemory] = []
-    for block in text.split("Post Compilation Analysis: " + "=" * 80)[1:]:
-        values: dict[str, int] = {}
-        for name, label in _POST_COMPILE_FIELDS:
-            match = re.search(re.escape(label) + r": ([0-9.]+) GB", block)
-            if match:
-                values[name] = round(float(match.group(1)) * 1024**3)
-        if len(values) == len(_POST_COMPILE_FIELDS):
-            records.append(CompiledMemory(**values))
-    return records
+# ---- compiling ahead and activation checkpointing ----------------------------
 
 
 def compile_only(tensors: Sequence[Any]) -> None:
     """Compile the pending graph that produces `tensors` without running it (fills the cache)."""
     _xla()._XLAC._xla_warm_up_cache(list(tensors), [])
+
+
+def initialize_compile_cache(path: str | os.PathLike[str], readonly: bool = False) -> bool:
+    """Point torch_xla's persistent compilation cache at `path`; False when it is too late.
+
+    torch_xla reads the cache setting when its computation cache is created (the first
+    compile), so this must run before any XLA work in the process.
+    """
+    xla = _xla()
+    if xla._XLAC._xla_computation_cache_is_initialized():
+        return os.environ.get("XLA_PERSISTENT_CACHE_PATH") == str(path)
+    _xr().initialize_cache(str(path), readonly=readonly)
+    return True
+
+
+def scan_layers(layers: Sequence[Any], carry: Any, *, remat: bool = False) -> Any:
+    """Run identical `layers` in sequence as one traced and compiled layer (torch_xla's scan).
+
+    `carry` is what each layer takes and returns (a tensor or a tuple of them). ``remat``
+    recomputes activations in the backward pass (min-cut rematerialisation): the scanned
+    form of gradient checkpointing.
+    """
+    from functorch.compile import default_partition, min_cut_rematerialization_partition
+    from torch_xla.experimental.scan_layers import scan_layers as xla_scan_layers
+
+    partition = min_cut_rematerialization_partition if remat else default_partition
+    return xla_scan_layers(list(layers), carry, partition_fn=partition)
 
 
 def gradient_checkpoint_function() -> Callable[..., Any]:
