@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,44 @@ from workbench import demo
 REPO = Path(__file__).resolve().parent.parent
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# What a newcomer must not see in the terminal from `make demo`: the kernel's transport warning,
+# kernel-manager and event-loop noise, zmq/tornado errors at shutdown, the debugger's frozen-modules
+# warning, widget-frontend and comm warnings, and any traceback or warning at all.
+TERMINAL_NOISE = (
+    r"without encryption",
+    r"CurveZMQ",
+    r"\[IPKernelApp\]",
+    r"\[NbClientApp\]",
+    r"Proactor event loop",
+    r"Exception ignored",
+    r"\bzmq\b",
+    r"tornado",
+    r"jupyter_client",
+    r"[Kk]ernel (died|restarting|didn't respond)",
+    r"Input is not a terminal",
+    r"frozen modules|frozen_modules|PYDEVD_DISABLE_FILE_VALIDATION|[Dd]ebugger warning",
+    r"Widget Javascript not detected",
+    r"\bcomm\b|comm_open|CommManager",
+    r"Warning\b|WARNING",
+    r"Traceback",
+)
+# The demo's own lines (run_demo's prints); anything else in the terminal is someone else's.
+DEMO_LINES = (
+    "running ",
+    "wrote ",
+    "no chromium found",
+    "chromium failed",
+    "screenshot skipped",
+)
+
+
+def assert_quiet(terminal: str) -> None:
+    """Every line printed to the terminal is the demo's own, and none is kernel or transport noise."""
+    noisy = [line for line in terminal.splitlines() if any(re.search(p, line) for p in TERMINAL_NOISE)]
+    assert not noisy, "the demo printed noise:\n" + "\n".join(noisy)
+    foreign = [line for line in terminal.splitlines() if line.strip() and not line.startswith(DEMO_LINES)]
+    assert not foreign, "the demo printed lines that are not its own:\n" + "\n".join(foreign)
 
 
 def _notebook(path, *cells):
@@ -155,3 +194,51 @@ def test_a_hanging_chromium_skips_the_screenshot(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo.subprocess, "run", hang)
     assert demo.screenshot_html(tmp_path / "page.html", tmp_path / "shot.png") is False
     assert "did not finish in 120 s" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_kernel_prints_nothing_to_the_terminal(tmp_path, capfd):
+    """The notebook's kernel shares the terminal's stdout and stderr (file descriptors, hence
+    `capfd`): a notebook that starts widgets, FigureWidgets (anywidget comms) and the dashboard
+    leaves only the demo's own lines there; the kernel's TCP-without-encryption warning is gone."""
+    nb = _notebook(
+        tmp_path / "widgets.ipynb",
+        'report_html = "unset"',
+        """\
+import plotly.graph_objects as go
+from widgets import Dashboard
+
+dash = Dashboard(min_interval_s=0)
+dash({"step": 1, "loss": 2.0, "tokens_per_s": 1000.0, "step_time_s": 0.1, "compiles": 1,
+      "total_compiles": 1, "host_rss_bytes": 2**30})
+display(go.FigureWidget(go.Scatter(x=[1, 2], y=[3, 4])))
+dash""",
+    )
+    assert demo.run_demo(tmp_path / "reports", notebook=nb, screenshot=False) == 0
+    terminal = capfd.readouterr()
+    assert "wrote" in terminal.out
+    assert_quiet(terminal.out + terminal.err)
+
+
+@pytest.mark.slow
+def test_the_quickstart_demo_is_quiet(tmp_path, capfd, monkeypatch):
+    """The demo's own path on the packaged quickstart, at small parameters (tests/test_notebooks.py
+    checks what the quickstart computes; here only what reaches the terminal)."""
+    monkeypatch.chdir(tmp_path)
+    parameters = {"steps": 6, "log_every": 3, "max_examples": 300, "save_dir": None}
+    assert demo.run_demo("reports", parameters=parameters, screenshot=False) == 0
+    terminal = capfd.readouterr()
+    assert (tmp_path / "reports" / "quickstart.html").is_file()
+    assert_quiet(terminal.out + terminal.err)
+
+
+def test_the_kernel_gets_curve_keys():
+    """What removes ipykernel's plain-TCP warning: the kernel manager is asked for CurveZMQ keys,
+    and the installed python3 kernelspec declares it can use them (so "auto" provisions them)."""
+    zmq = pytest.importorskip("zmq")
+    kernelspec = pytest.importorskip("jupyter_client.kernelspec")
+    if not zmq.has("curve"):
+        pytest.skip("this libzmq has no CURVE: the kernel runs unencrypted and warns")
+    assert demo.kernel_manager_config().KernelManager.transport_encryption == "auto"
+    spec = kernelspec.KernelSpecManager().get_kernel_spec("python3")
+    assert "curve" in spec.metadata.get("supported_encryption", [])

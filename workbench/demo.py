@@ -13,6 +13,9 @@ The notebook is package data, ``workbench/notebooks/00_quickstart.ipynb`` (a cop
 ``notebooks/00_quickstart.ipynb`` that tests/build_notebooks.py writes), so the demo runs from an
 installed distribution as well as from a checkout, in whatever directory it is started from.
 
+The terminal shows only the demo's own lines: the kernel papermill starts shares the terminal's
+stderr, so what it would print there is fixed where it comes from (`kernel_manager_config`).
+
 This module imports papermill only when it runs; it never imports the widget libraries itself
 (the notebook does, in its own kernel).
 """
@@ -25,7 +28,10 @@ import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from traitlets.config import Config
 
 # The quickstart inside the installed `workbench` package (see pyproject's package-data).
 QUICKSTART = ("notebooks", "00_quickstart.ipynb")
@@ -45,6 +51,27 @@ CHROMIUM_FLAGS = (
 def quickstart_notebook() -> Path:
     """The quickstart notebook shipped inside the `workbench` package, wherever it is installed."""
     return Path(str(resources.files("workbench").joinpath(*QUICKSTART)))
+
+
+def kernel_manager_config() -> Config:
+    """The settings of the kernel manager papermill starts: CurveZMQ keys for the kernel's sockets.
+
+    ipykernel 7 logs "Kernel is running over TCP without encryption ..." on its stderr, which is
+    the terminal's, whenever its sockets are plain TCP. jupyter_client provisions CurveZMQ keys
+    when `KernelManager.transport_encryption` asks for them and the kernelspec declares
+    ``supported_encryption: ["curve"]`` (ipykernel's own spec, the one `make venv` installs, does).
+    "auto" rather than "required": a kernelspec without that declaration still starts, unencrypted,
+    instead of failing the demo. Nothing is set where this jupyter_client has no such setting or
+    libzmq was built without CURVE (it would be refused or warned about as unknown).
+    """
+    import zmq
+    from jupyter_client.manager import KernelManager
+    from traitlets.config import Config
+
+    config = Config()
+    if zmq.has("curve") and KernelManager.class_traits().get("transport_encryption") is not None:
+        config.KernelManager.transport_encryption = "auto"
+    return config
 
 
 def find_chromium() -> str | None:
@@ -137,6 +164,7 @@ def run_demo(
             progress_bar=False,
             log_output=False,
             store_widget_state=False,
+            config=kernel_manager_config(),
         )
     except papermill.PapermillExecutionError as err:
         print(
