@@ -392,3 +392,105 @@ def test_lora_rank_makes_a_7b_model_fit_a_v5e_1(lengths):
     assert panel.estimate.total_bytes == direct.total_bytes
     panel.set(lora_rank=0)
     assert "does not fit" in panel.fits_html.value
+
+
+# ---- the memory bar's scale ----------------------------------------------------------
+def _memory_bar(fig) -> dict:
+    """What the page draws (the figure's synced state): axis end, estimate, the marks named "limit"."""
+    layout, data = fig._widget_layout, fig._widget_data
+    return {
+        "top": layout["xaxis"]["range"][1],
+        "segments": [t["x"][0] for t in data],
+        "limit_shapes": [s for s in layout.get("shapes", []) if s.get("name") == "limit"],
+        "over_zone": [s for s in layout.get("shapes", []) if s.get("name") == "over the limit"],
+        "limit_labels": [a for a in layout.get("annotations", []) if a.get("name") == "limit"],
+        "ticks": layout["xaxis"].get("ticktext"),
+    }
+
+
+def test_a_100_mib_estimate_on_a_16_gib_chip_is_readable(lengths):
+    """The issue's case: the axis zooms to the estimate, which fills most of it (not 0.6%),
+    every segment of note is wide enough to see, and an arrow points to the 16 GiB limit."""
+    panel = ConfigPanel(WorkbenchConfig(), target="v5e-1", lengths=lengths)
+    panel.set(batch_size=16)
+    total, limit = panel.estimate.total_bytes, TARGETS["v5e-1"].memory_per_device_bytes
+    assert 80 * 2**20 < total < 150 * 2**20 and limit == 16 * GiB
+    bar = _memory_bar(panel.memory_figure)
+    assert sum(bar["segments"]) == pytest.approx(total / GiB)
+    assert sum(bar["segments"]) / bar["top"] == pytest.approx(0.8)  # it was 0.006 on a 0..17.3 axis
+    for part, size in panel.estimate.breakdown.items():
+        if size >= 0.05 * total:
+            assert size / GiB / bar["top"] > 0.04, part
+    assert bar["top"] < limit / GiB and not bar["limit_shapes"]  # the limit is off the axis ...
+    (label,) = bar["limit_labels"]  # ... and named at its right edge
+    assert label["text"] == "axis zoomed · limit 16.00 GiB →"
+    assert (label["xref"], label["x"], label["xanchor"]) == ("paper", 1, "right")
+    assert bar["ticks"][0] == "0" and all(t.endswith(" MiB") for t in bar["ticks"][1:])
+    assert panel.memory_figure.data[0].hovertemplate.startswith("params: ")
+
+
+@pytest.mark.parametrize("share", [0.001, 0.05, 0.5, 0.71, 0.75, 0.79, 0.81, 0.9, 1.0, 1.3, 4.0])
+def test_the_estimate_spans_most_of_the_axis_and_the_limit_is_always_marked(share):
+    """At any estimate / limit ratio: zoomed (the estimate fills 80%, the limit named at the
+    edge, the usable memory dotted once it is inside the axis) below 80% of the limit; from there
+    the full scale with the limit drawn where it is, the usable memory dotted, past it shaded."""
+    from widgets.config_figures import FULL_MARGIN, ZOOM_FILL, draw_memory, new_memory_figure
+
+    est = estimate(WorkbenchConfig().model, batch_size=16, seq_len=256)
+    limit = int(est.total_bytes / share)
+    fig = new_memory_figure()
+    draw_memory(fig, est, limit, headroom=0.1)
+    bar = _memory_bar(fig)
+    assert sum(bar["segments"]) / bar["top"] >= ZOOM_FILL / FULL_MARGIN - 1e-9
+    (label,) = bar["limit_labels"]
+    assert (
+        f"limit {limit / GiB:.2f} GiB" in label["text"] or f"limit {limit / 2**20:.2f} MiB" in label["text"]
+    )
+    usable = [s for s in fig.layout.shapes if s.name == "usable"]
+    # the usable memory (90% of the limit) is on a zoomed axis from 72% of the limit on
+    assert bool(usable) == (share > 0.72) and all(u.x0 == pytest.approx(0.9 * limit / GiB) for u in usable)
+    if share < 0.8:
+        assert label["text"].endswith("→") and bar["top"] < limit / GiB and not bar["limit_shapes"]
+        assert not bar["over_zone"]
+    else:
+        (line,) = bar["limit_shapes"]
+        assert line["x0"] == line["x1"] == pytest.approx(limit / GiB) and line["x0"] < bar["top"]
+        assert label["x"] == pytest.approx(limit / GiB) and label["xref"] == "x"
+        (zone,) = bar["over_zone"]
+        assert (zone["x0"], zone["x1"]) == (pytest.approx(limit / GiB), pytest.approx(bar["top"]))
+    assert ("over" in label["text"]) == (share > 1)
+
+
+def test_a_7b_model_on_a_v5e_1_shows_the_oom(lengths):
+    """Full fine-tuning of Llama-2-7B's shape on one 16 GiB chip: full scale, the limit line
+    inside the bar, the memory past it shaded, and by how much it is over."""
+    panel = ConfigPanel(
+        WorkbenchConfig().with_overrides({"model.vocab_size": 32000}), target="v5e-1", lengths=lengths
+    )
+    panel.set(
+        model_size="Llama-2-7B shape",
+        precision="bf16",
+        gradient_checkpointing=True,
+        seq_len=512,
+        batch_size=1,
+    )
+    total, limit = panel.estimate.total_bytes, 16 * GiB
+    assert total > limit
+    bar = _memory_bar(panel.memory_figure)
+    (line,) = bar["limit_shapes"]
+    assert line["x0"] == pytest.approx(limit / GiB) and line["x0"] < sum(bar["segments"]) <= bar["top"]
+    assert bar["over_zone"] and bar["ticks"][-1].endswith(" GiB")
+    (label,) = bar["limit_labels"]
+    over = (total - limit) / GiB
+    assert label["text"] == f"limit 16.00 GiB · ✘ {over:.2f} GiB over"
+
+
+def test_without_a_memory_figure_the_axis_fits_the_estimate(lengths):
+    """Memory unknown (a plain CPU): no limit to mark, the estimate fills the axis to 1/1.08."""
+    from widgets.config_figures import draw_memory
+
+    panel = ConfigPanel(WorkbenchConfig(), target="v5e-1", lengths=lengths)
+    draw_memory(panel.memory_figure, panel.estimate, None, 0.1)
+    bar = _memory_bar(panel.memory_figure)
+    assert sum(bar["segments"]) / bar["top"] == pytest.approx(1 / 1.08)
+    assert not bar["limit_labels"] and not bar["limit_shapes"]

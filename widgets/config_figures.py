@@ -4,9 +4,10 @@ Drawing only, no controls and no computing: `ConfigPanel` (widgets.config_panel)
 config and computes the memory estimate, the largest batch and the bucket plan; the functions
 here turn those into
 
-- the per-device memory bar: one stacked segment per breakdown part, with the device's memory
-  (solid line) and the headroom kept free (dotted line) marked (`new_memory_figure`,
-  `draw_memory`);
+- the per-device memory bar: one stacked segment per breakdown part, against the device's memory
+  (the limit) and the headroom kept free; zoomed to the estimate, with an arrow to the limit,
+  while the estimate is far below it, so a small model stays readable on a big chip
+  (`new_memory_figure`, `draw_memory`, `memory_axis_top`);
 - the token-length histogram with the planned bucket boundaries (`new_length_figure`,
   `draw_bucket_plan`);
 - the HTML of the readouts: estimate, fits sign, largest batch, trainable parameters (all, or
@@ -19,13 +20,14 @@ Figures are edited in place in one batched update and their synced state refresh
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 
 from widgets.figures import sync_state
-from workbench.units import GiB, format_bytes
+from workbench.units import GiB, KiB, MiB, format_bytes
 
 # One colour per breakdown part, stable when parts come and go (e.g. no optimizer state with SGD).
 BREAKDOWN_COLORS = {
@@ -76,7 +78,26 @@ def new_length_figure(lengths: np.ndarray | None) -> go.FigureWidget:
 
 
 def draw_memory(fig: go.FigureWidget, est: Any, limit: int | None, headroom: float) -> None:
-    """Draw the estimate's breakdown (a `MemoryEstimate`) against `limit` bytes per device."""
+    """Draw the estimate's breakdown (a `MemoryEstimate`) against `limit` bytes per device.
+
+    The scale keeps the estimate readable at any size: the estimate always spans at least
+    ``ZOOM_FILL / FULL_MARGIN`` (74%) of the axis, so its segments are never slivers.
+
+    - Far from the limit (the estimate under ``ZOOM_FILL`` of it), the axis is zoomed: it ends at
+      ``estimate / ZOOM_FILL`` and the limit, beyond it, is marked by an arrow annotation at the
+      right edge, "axis zoomed · limit 16.00 GiB →"; the usable memory (``limit`` less
+      `headroom`, dotted line) is drawn when it falls inside the axis. A 100 MiB model on a
+      16 GiB chip fills 80% of the axis instead of 0.6%.
+    - Near or over the limit, the axis is the full scale, 0 to ``FULL_MARGIN`` times the larger
+      of estimate and limit: the limit is a solid line labelled with its size, the usable memory
+      a dotted line, the memory beyond the limit shaded red, and an estimate over the limit says
+      by how much ("✘ 4.00 GiB over").
+
+    A linear axis either way: on a log axis stacked segments would not be to scale. Ticks are
+    labelled in the unit that suits the axis (KiB, MiB or GiB); hovering a segment shows its size.
+    The limit's shapes and annotation are named "limit" (the usable line "usable", the shaded
+    zone "over the limit"). With no `limit` (memory unknown) the axis fits the estimate.
+    """
     total = est.total_bytes
     names = [k for k, v in est.breakdown.items() if v]
     with fig.batch_update():
@@ -93,22 +114,77 @@ def draw_memory(fig: go.FigureWidget, est: Any, limit: int | None, headroom: flo
                 )
         for trace, name in zip(fig.data, names):
             trace.x = [est.breakdown[name] / GiB]
-        shapes = []
-        if limit:
-            shapes = [
-                dict(type="line", x0=limit / GiB, x1=limit / GiB, yref="paper", y0=0, y1=1,
-                     line={"color": "#d62728", "width": 2}),
-                dict(type="line", x0=limit * (1 - headroom) / GiB, x1=limit * (1 - headroom) / GiB,
-                     yref="paper", y0=0, y1=1, line={"color": "#d62728", "width": 1, "dash": "dot"}),
-            ]  # fmt: skip
+            trace.hovertemplate = f"{name}: {format_bytes(est.breakdown[name])}<extra></extra>"
+        top, zoomed = memory_axis_top(total, limit)
+        shapes, annotations = _limit_marks(total, limit, headroom, top, zoomed)
         fig.layout.shapes = shapes
-        top = max(total, limit or 0) / GiB * 1.08
-        fig.layout.xaxis.range = [0, top]
+        fig.layout.annotations = annotations
+        tickvals, ticktext = _byte_ticks(top)
+        fig.layout.xaxis.update(range=[0, top / GiB], tickvals=tickvals, ticktext=ticktext)
         fig.layout.title.text = f"Memory per device: {format_bytes(total)}" + (
             f" of {limit / GiB:.1f} GiB" if limit else ""
         )
     # The figures live inside a VBox: keep their synced state current for pages that attach late.
     sync_state(fig)
+
+
+# The memory bar's scale (see `draw_memory`): a zoomed axis ends where the estimate fills
+# ZOOM_FILL of it; a full-scale axis runs FULL_MARGIN past the larger of estimate and limit.
+ZOOM_FILL = 0.8
+FULL_MARGIN = 1.08
+_LIMIT_COLOR = "#d62728"
+
+
+def memory_axis_top(total: int, limit: int | None) -> tuple[float, bool]:
+    """The memory bar's axis end in bytes, and whether the axis is zoomed to the estimate (the
+    limit lies beyond it): zoomed while `total` is under `ZOOM_FILL` of `limit`."""
+    if not limit:
+        return (total * FULL_MARGIN if total else GiB), False
+    if 0 < total < ZOOM_FILL * limit:
+        return total / ZOOM_FILL, True
+    return max(total, limit) * FULL_MARGIN, False
+
+
+def _limit_marks(
+    total: int, limit: int | None, headroom: float, top: float, zoomed: bool
+) -> tuple[list[dict], list[dict]]:
+    """The shapes and annotations that mark `limit` on an axis ending at `top` bytes."""
+    if not limit:
+        return [], []
+    label = {"font": {"color": _LIMIT_COLOR, "size": 12}, "showarrow": False, "yref": "paper", "y": 1,
+             "yanchor": "bottom", "name": "limit"}  # fmt: skip
+    usable = limit * (1 - headroom)
+    usable_line = dict(type="line", name="usable", x0=usable / GiB, x1=usable / GiB, yref="paper", y0=0,
+                       y1=1, line={"color": _LIMIT_COLOR, "width": 1, "dash": "dot"})  # fmt: skip
+    if zoomed:
+        arrow = dict(
+            label, xref="paper", x=1, xanchor="right", text=f"axis zoomed · limit {format_bytes(limit)} →"
+        )
+        return ([usable_line] if usable < top else []), [arrow]
+    over = total - limit
+    shapes = [
+        dict(type="rect", name="over the limit", x0=limit / GiB, x1=top / GiB, yref="paper", y0=0, y1=1,
+             fillcolor=_LIMIT_COLOR, opacity=0.1, line={"width": 0}, layer="below"),
+        dict(type="line", name="limit", x0=limit / GiB, x1=limit / GiB, yref="paper", y0=0, y1=1,
+             line={"color": _LIMIT_COLOR, "width": 2}),
+    ]  # fmt: skip
+    if headroom > 0:
+        shapes.append(usable_line)
+    text = f"limit {format_bytes(limit)}" + (f" · ✘ {format_bytes(over)} over" if over > 0 else "")
+    return shapes, [dict(label, xref="x", x=limit / GiB, xanchor="right", text=text)]
+
+
+def _byte_ticks(top: float) -> tuple[list[float], list[str]]:
+    """About five round ticks from 0 to `top` bytes: positions in GiB (the bar's data unit) and
+    labels in the largest unit below `top` ("0", "20 MiB", "40 MiB", ...)."""
+    unit_name, unit = next(
+        ((n, s) for n, s in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)) if top >= s), ("B", 1)
+    )
+    span = top / unit
+    magnitude = 10 ** math.floor(math.log10(span / 5)) if span > 0 else 1
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= span / 5)
+    values = [round(k * step, 9) for k in range(int(span / step) + 1)]
+    return [v * unit / GiB for v in values], [f"{v:g} {unit_name}" if v else "0" for v in values]
 
 
 def draw_bucket_plan(fig: go.FigureWidget, plan: Any) -> None:
@@ -199,6 +275,8 @@ def yaml_readout(text: str) -> str:
 
 __all__ = [
     "BREAKDOWN_COLORS",
+    "FULL_MARGIN",
+    "ZOOM_FILL",
     "bucket_readout",
     "draw_bucket_plan",
     "draw_memory",
@@ -206,6 +284,7 @@ __all__ = [
     "estimate_readout",
     "fits_readout",
     "largest_batch_readout",
+    "memory_axis_top",
     "new_length_figure",
     "new_memory_figure",
     "trainable_readout",
