@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import re
 
-import plotly.graph_objects as go
 import pytest
 
-from widgets.dashboard import Dashboard
+from widgets.dashboard import _TRACES, Dashboard
+from widgets.live_plot import LivePlot, TraceData, message_bytes
 from workbench.analysis.metrics import METRIC_KEYS
 
 GiB = 1024**3
@@ -50,12 +50,16 @@ class FakeClock:
 
 
 def lengths(dash: Dashboard) -> dict[str, int]:
-    return {t.name: len(t.x) for t in dash.figure.data}
+    return {name: len(dash.trace(name).x) for name in _TRACES}
+
+
+def notes(dash: Dashboard) -> list[str]:
+    return [a["text"] for a in dash.figure.look["layout"]["annotations"]]
 
 
 def test_traces_grow_with_each_metrics_dict():
     dash = Dashboard(min_interval_s=0)
-    assert isinstance(dash.figure, go.FigureWidget)
+    assert isinstance(dash.figure, LivePlot)
     assert all(n == 0 for n in lengths(dash).values())
     for i, step in enumerate(range(5, 30, 5), start=1):
         dash(metrics(step))
@@ -87,8 +91,9 @@ def test_updates_are_throttled_and_batched():
     dash.flush()
     assert dash.flush_count == 3 and lengths(dash)["train loss"] == 12
     # The synced widget state follows every flush: a page that attaches late draws all 12 points.
-    synced = {t["name"]: len(t["x"]) for t in dash.figure._widget_data}
-    assert synced["train loss"] == 12 and synced["tokens/s"] == 12
+    synced = dash.figure.get_state()["state"]
+    by_name = {name: len(trace["x"]) for name, trace in zip(_TRACES, synced["traces"])}
+    assert synced["seq"] == dash.figure.seq and by_name["train loss"] == 12 and by_name["tokens/s"] == 12
     dash.flush()  # nothing pending: no update sent
     assert dash.flush_count == 3
 
@@ -132,13 +137,13 @@ def test_eval_loss_memory_and_mfu_panels():
     assert list(dash.trace("eval loss").x) == [20]
     assert list(dash.trace("MFU %").y) == pytest.approx([42.0, 42.0, 42.0])
     assert list(dash.trace("device limit").y) == pytest.approx([16.0] * 3)
-    assert not [a for a in dash.figure.layout.annotations if "MFU unknown" in (a.text or "")]
+    assert not [n for n in notes(dash) if "MFU unknown" in n]
 
 
 def test_unknown_mfu_is_said_not_left_blank():
     dash = Dashboard(min_interval_s=0)
     dash(metrics(1))
-    assert [a for a in dash.figure.layout.annotations if "MFU unknown" in (a.text or "")]
+    assert [n for n in notes(dash) if "MFU unknown" in n]
 
 
 def test_bad_input_is_rejected_with_a_clear_error():
@@ -222,3 +227,150 @@ def test_every_key_read_is_a_run_metrics_key():
     drawn = {"tokens_per_s", "mfu", "step_time_s", "loss", "eval_loss", "compiles", "recompiled"}
     memory = {"device_memory_bytes", "device_memory_limit_bytes", "host_rss_bytes"}
     assert drawn | memory | {"step", "warmup_compiles", "total_compiles", "tokens_seen"} <= read
+
+
+class PageModel:
+    """What live_plot.js does with the synced traits, in Python: apply numbered deltas in order
+    (truncate to `keep`, then append), ask for the state on a gap."""
+
+    def __init__(self):
+        self.seq = 0
+        self.traces: list[dict[str, list]] = [{"x": [], "y": [], "text": []} for _ in _TRACES]
+        self.snapshots = 0
+
+    def receive(self, delta: dict, plot: LivePlot) -> None:
+        if delta["base"] != self.seq:  # a gap: the page asks for the whole state
+            state = plot.get_state("state")["state"]
+            self.traces, self.seq = [dict(t) for t in state["traces"]], state["seq"]
+            self.snapshots += 1
+            return
+        for index, keep, x, y, text in delta["traces"]:
+            trace = self.traces[index]
+            for key, new in (("x", x), ("y", y), ("text", text)):
+                trace[key] = trace[key][:keep] + new
+        self.seq = delta["seq"]
+
+
+def test_every_flush_is_a_numbered_append_only_delta_that_rebuilds_the_figure():
+    dash = Dashboard(min_interval_s=0, max_points=40)  # small, so the stride doubles several times
+    page = PageModel()
+    seen = dash.figure.seq
+    resends = 0
+    for step in range(1, 1500):
+        spike = step == 700
+        dash(
+            metrics(
+                step,
+                tokens_per_s=50_000.0 if spike else 1000.0 + step % 7,
+                recompiled=step >= 900,
+                compiles=int(step in (900, 1200)),
+            )
+        )
+        delta = dash.figure.delta
+        if dash.figure.seq != seen:  # a flush that changed something sent exactly one delta
+            assert delta["seq"] == seen + 1 and delta["base"] == seen
+            page.receive(delta, dash.figure)
+            seen = dash.figure.seq
+            # Only the changed tail travels, except when the decimation stride doubles.
+            if any(len(x) > 4 for _, _, x, _, _ in delta["traces"]):
+                resends += 1
+    for name, trace in zip(_TRACES, page.traces):
+        drawn = dash.trace(name)
+        assert trace["x"] == drawn.x and trace["y"] == drawn.y, name
+    assert page.snapshots == 0
+    # Strides 1 -> 64 (six doublings) for the traces, at two lengths (compiles has a step-0 point).
+    assert resends <= 16, resends
+    # Decimated to the bound, with the spike, the last point and both recompilations kept.
+    tps = dash.trace("tokens/s")
+    assert len(tps.x) <= 40 and tps.x[-1] == 1499 and max(tps.y) == 50_000.0
+    assert dash.trace("recompilation").x == [900, 1200]
+
+
+def test_a_page_that_missed_a_delta_catches_up_from_the_state():
+    dash = Dashboard(min_interval_s=0)
+    page = PageModel()
+    dash(metrics(1))
+    page.receive(dash.figure.delta, dash.figure)
+    dash(metrics(2))  # this delta never reaches the page
+    dash(metrics(3))
+    page.receive(dash.figure.delta, dash.figure)  # base 2 != page's 1: a gap, so it takes the state
+    assert page.snapshots == 1 and page.seq == dash.figure.seq
+    assert page.traces[list(_TRACES).index("train loss")]["x"] == [1, 2, 3]
+    # The page's request (a comm message) makes the kernel send the state again.
+    dash.figure._on_frontend_message(dash.figure, {"type": "snapshot", "have": 1}, [])
+    assert dash.figure.snapshot_requests == 1
+
+
+def test_ten_thousand_intervals_stay_bounded_for_the_browser(tmp_path):
+    dash = Dashboard(min_interval_s=0.5)  # the default throttle, on the real clock
+    for step in range(1, 10_001):
+        dash(
+            metrics(
+                step, tokens_per_s=1000.0 + (step % 113), compiles=int(step == 4321), recompiled=step >= 4321
+            )
+        )
+    dash.flush()
+    assert all(len(dash.trace(name).x) <= dash.max_points for name in _TRACES)
+    state = dash.figure.get_state()
+    assert message_bytes(state["state"]) < 400_000, message_bytes(state["state"])
+    assert message_bytes(state["look"]) < 20_000
+    dash(metrics(10_001))
+    dash.flush()
+    assert message_bytes(dash.figure.delta) < 2_000, dash.figure.delta
+    assert dash.trace("recompilation").x == [4321]
+    # The history and the export keep every point.
+    full = {trace.name: trace for trace in dash.to_figure().data}
+    assert len(full["tokens/s"].x) == 10_001 and len(dash.history) == 10_001
+
+
+def test_recompilation_hover_text_says_why_and_the_export_lists_it(tmp_path):
+    dash = Dashboard(min_interval_s=0)
+    cause = "input 0: (8, 64) -> (8, 128); workbench/train/step.py:88 in train_step"
+    dash(metrics(5, compiles=2, warmup_compiles=2))
+    dash(metrics(10, compiles=1, recompiled=True, recompile_steps=[8], recompile_causes=[cause]))
+    dash(metrics(15, compiles=2, recompiled=True, recompile_steps=[11, 14], recompile_causes=[cause]))
+    marker = dash.trace("recompilation")
+    assert marker.x == [10, 15]
+    assert (
+        marker.text[0] == "step 8: input 0: (8, 64) -&gt; (8, 128); workbench/train/step.py:88 in train_step"
+    )
+    assert "step 14: cause not recorded" in marker.text[1]  # fewer causes than steps: said, not invented
+    style = dash.figure.look["styles"][list(_TRACES).index("recompilation")]
+    assert style["hovertemplate"].startswith("%{text}")
+    assert dash.recompilations() == [(8, cause), (11, cause), (14, "cause not recorded")]
+    text = dash.export_html(tmp_path / "run.html").read_text()
+    assert "<h2>Recompilations</h2>" in text and "step 8: <code>input 0: (8, 64) -&gt; (8, 128)" in text
+
+
+def test_panels_without_data_give_their_space_to_a_note():
+    dash = Dashboard(min_interval_s=0)
+    layout = dash.figure.look["layout"]
+    assert notes(dash).count("waiting for the first log interval") == 6
+    assert layout["xaxis"]["visible"] is False and layout["yaxis6"]["visible"] is False
+    dash(metrics(1))  # a CPU run: no MFU, no device memory, host RSS only
+    layout, styles = dash.figure.look["layout"], dash.figure.look["styles"]
+    assert "waiting for the first log interval" not in notes(dash)
+    assert layout["xaxis2"]["visible"] is False and layout["yaxis2"]["visible"] is False  # MFU: a note
+    assert "visible" not in layout["xaxis6"] and "visible" not in layout["xaxis"]  # memory, throughput drawn
+    legend = {style["name"]: style["showlegend"] for style in styles}
+    assert legend["host RSS"] and not legend["device memory"] and not legend["device limit"]
+    assert not legend["MFU %"] and legend["tokens/s"]
+
+
+def test_export_uses_the_same_figure_description_as_the_page():
+    dash = Dashboard(min_interval_s=0)
+    for step in range(1, 4):
+        dash(metrics(step))
+    exported = dash.to_figure().to_plotly_json()
+    look = dash.figure.look
+    assert [t["name"] for t in exported["data"]] == [s["name"] for s in look["styles"]]
+    assert exported["layout"]["annotations"] == look["layout"]["annotations"]
+    assert [t["x"] for t in exported["data"]] == [t.x for t in dash.figure.data]  # no decimation yet
+
+
+def test_max_points_is_validated():
+    with pytest.raises(ValueError, match=r"max_points=3 .* must be >= 10"):
+        Dashboard(max_points=3)
+    assert isinstance(Dashboard().trace("loss" if False else "train loss"), TraceData)
+    with pytest.raises(KeyError, match="no trace named 'nope'"):
+        Dashboard().trace("nope")

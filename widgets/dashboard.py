@@ -1,23 +1,28 @@
-"""Live training dashboard: one plotly `FigureWidget` with six panels fed by trainer callbacks.
+"""Live training dashboard: one live plot with six panels, fed by trainer callbacks.
 
 A `Dashboard` is a callback: pass it to ``Trainer(..., callbacks=[dashboard])`` and it receives
 the metrics dict once per log interval: a `RunMetrics` (the contract in
 ``workbench/analysis/metrics.py``; every key read here is one of its keys). A hand-written loop
 may feed `StepProfiler`'s `IntervalMetrics` instead: keys it lacks read as unknown. It keeps
-the full history on the Python side and pushes it to the figure in throttled, batched updates
-(one ``fig.batch_update()`` per flush, at most one flush per ``min_interval_s``), so a
-fast loop does not flood the browser with comm messages.
+the full history on the Python side and pushes it to the page in throttled, batched updates
+(one comm message per flush, at most one flush per ``min_interval_s``), so a fast loop does
+not flood the browser.
 
 The six panels: tokens/s, MFU, step time, loss (train and eval), compiles per interval with a
-marker at every recompilation after warm-up, and device/host memory.
+marker at every recompilation after warm-up (its hover text says why it compiled), and
+device/host memory. A panel with nothing to show gives its space to a short note instead of
+empty axes (MFU without a known peak, device memory on a CPU); traces without points leave the
+legend.
 
-Why one figure with subplots instead of six widgets: a single widget means one comm message
-per flush and one copy of plotly.js in a notebook's widget state; and it is displayed on its
-own, never inside a ``VBox`` (a ``FigureWidget`` nested in a box is saved with empty data).
+The figure is a `widgets.live_plot.LivePlot`, not plotly's `FigureWidget`: each flush travels as
+a numbered append-only delta and any page that rendered late or missed one catches up from the
+synced state (the reasons are in that module). Long runs stay cheap in the browser: each trace
+draws at most ``max_points`` points (bucket minimum and maximum, so spikes survive; every
+recompilation and eval point is kept), while the history and the HTML export keep every point.
 
 It works headless (papermill, plain scripts): without a frontend the widget just holds its
-state. `export_html` writes a self-contained report with plotly.js embedded (no CDN: TPU VMs
-and this build machine have no network).
+state. `export_html` writes a self-contained report from the same figure description, with
+plotly.js embedded (no CDN: TPU VMs and this build machine have no network).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import html
 import math
 import time
 from collections.abc import Callable, Mapping
+from copy import deepcopy
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -34,7 +40,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from widgets.figures import sync_state
+from widgets.live_plot import DecimatedSeries, LivePlot, TraceData
 from workbench.analysis.metrics import RunMetrics
 from workbench.units import GiB
 
@@ -102,6 +108,63 @@ _TRACES: dict[str, tuple[str, _Getter, dict[str, Any]]] = {
 }
 
 
+def _recompile_text(m: RunMetrics) -> str:
+    """Hover text of a recompilation marker: each compile after warm-up and why it happened."""
+    steps = m.get("recompile_steps") or []
+    causes = m.get("recompile_causes") or []
+    lines = [
+        f"step {step}: {causes[i] if i < len(causes) else 'cause not recorded'}"
+        for i, step in enumerate(steps)
+    ]
+    if not lines:
+        lines = [f"{m.get('compiles')} program(s) compiled after warm-up; cause not recorded"]
+    return "<br>".join(html.escape(line).replace("\n", "<br>") for line in lines)
+
+
+# Traces whose hover text explains each point, and traces too rare to decimate (every point drawn).
+_HOVER_TEXT: dict[str, Callable[[RunMetrics], str]] = {"recompilation": _recompile_text}
+_EVERY_POINT = frozenset({"recompilation", "eval loss"})
+
+_MFU_UNKNOWN = "MFU unknown on this hardware (no published peak FLOP/s)"
+
+
+def _axis_suffix(panel: str) -> str:
+    _, row, col = PANELS[panel]
+    index = (row - 1) * 2 + col
+    return "" if index == 1 else str(index)
+
+
+def _base_look(title: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The figure's layout and one style dict per trace (in `_TRACES` order), without data."""
+    titles = [""] * 6
+    for panel_title, row, col in PANELS.values():
+        titles[(row - 1) * 2 + (col - 1)] = panel_title
+    base = make_subplots(rows=3, cols=2, subplot_titles=titles, vertical_spacing=0.1, horizontal_spacing=0.08)
+    for name, (panel, _, style) in _TRACES.items():
+        _, row, col = PANELS[panel]
+        kwargs = {"mode": "lines+markers", "marker": {"size": 5}, **style}
+        if name in _HOVER_TEXT:
+            kwargs["hovertemplate"] = f"%{{text}}<extra>{name}</extra>"
+        base.add_trace(go.Scatter(x=[], y=[], name=name, **kwargs), row=row, col=col)
+    base.update_layout(
+        title={"text": title, "x": 0.01},
+        height=780,
+        margin={"l": 55, "r": 20, "t": 70, "b": 40},
+        legend={"orientation": "h", "y": -0.06},
+        template="plotly_white",
+    )
+    for row in (1, 2, 3):
+        for col in (1, 2):
+            base.update_xaxes(title_text="step" if row == 3 else None, row=row, col=col)
+    # Throughput, time, compiles and memory read best against zero (a 5% wobble is not a cliff).
+    for panel in ("tokens_per_s", "step_time", "compiles", "memory"):
+        _, row, col = PANELS[panel]
+        base.update_yaxes(rangemode="tozero", row=row, col=col)
+    spec = base.to_plotly_json()
+    styles = [{k: v for k, v in trace.items() if k not in ("x", "y")} for trace in spec["data"]]
+    return spec["layout"], styles
+
+
 class Dashboard:
     """Training dashboard; call it with each metrics dict (it is a trainer callback).
 
@@ -110,7 +173,7 @@ class Dashboard:
             between are batched into the next update (`flush()` forces one).
         total_steps: when a metrics dict reaches this step the dashboard flushes at once, so the
             last interval of a run is always drawn.
-        max_points: most points drawn per trace (the history keeps everything; the plot strides).
+        max_points: most points drawn per trace (the history and the export keep everything).
         title: figure title.
     """
 
@@ -125,8 +188,8 @@ class Dashboard:
     ) -> None:
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s={min_interval_s!r} is not allowed: must be >= 0")
-        if max_points < 2:
-            raise ValueError(f"max_points={max_points!r} is not allowed: must be >= 2")
+        if max_points < 10:
+            raise ValueError(f"max_points={max_points!r} is not allowed: must be >= 10")
         self.min_interval_s = float(min_interval_s)
         self.total_steps = total_steps
         self.max_points = int(max_points)
@@ -136,43 +199,20 @@ class Dashboard:
         self.flush_count = 0
         self._last_flush: float | None = None
         self._pending = False
-        self.figure = self._build_figure()
+        self._series = {
+            name: DecimatedSeries(self.max_points, decimate=name not in _EVERY_POINT) for name in _TRACES
+        }
+        self._ingested = 0
+        self._base_layout, self._base_styles = _base_look(title)
+        layout, styles = self._look()
+        self.figure = LivePlot(layout, styles, name=title)
         self.status = ipw.HTML(value=self._status_html(), layout=ipw.Layout(margin="0 0 4px 0"))
 
-    # ---- figure --------------------------------------------------------------------
-    def _build_figure(self) -> go.FigureWidget:
-        titles = [""] * 6
-        for title, row, col in PANELS.values():
-            titles[(row - 1) * 2 + (col - 1)] = title
-        base = make_subplots(
-            rows=3, cols=2, subplot_titles=titles, vertical_spacing=0.1, horizontal_spacing=0.08
-        )
-        for name, (panel, _, style) in _TRACES.items():
-            _, row, col = PANELS[panel]
-            kwargs = {"mode": "lines+markers", "marker": {"size": 5}, **style}
-            base.add_trace(go.Scatter(x=[], y=[], name=name, **kwargs), row=row, col=col)
-        base.update_layout(
-            title={"text": self.title, "x": 0.01},
-            height=780,
-            margin={"l": 55, "r": 20, "t": 70, "b": 40},
-            legend={"orientation": "h", "y": -0.06},
-            template="plotly_white",
-        )
-        for row in (1, 2, 3):
-            for col in (1, 2):
-                base.update_xaxes(title_text="step" if row == 3 else None, row=row, col=col)
-        # Throughput, time, compiles and memory read best against zero (a 5% wobble is not a cliff).
-        for panel in ("tokens_per_s", "step_time", "compiles", "memory"):
-            _, row, col = PANELS[panel]
-            base.update_yaxes(rangemode="tozero", row=row, col=col)
-        return go.FigureWidget(base)
-
-    def trace(self, name: str) -> Any:
-        """The figure's trace called `name` (e.g. 'tokens/s', 'recompilation')."""
-        for trace in self.figure.data:
-            if trace.name == name:
-                return trace
-        raise KeyError(f"no trace named {name!r}; traces: {', '.join(_TRACES)}")
+    def trace(self, name: str) -> TraceData:
+        """What the page draws of the trace called `name` (e.g. 'tokens/s', 'recompilation')."""
+        if name not in _TRACES:
+            raise KeyError(f"no trace named {name!r}; traces: {', '.join(_TRACES)}")
+        return self.figure.data[list(_TRACES).index(name)]
 
     # ---- callback ------------------------------------------------------------------
     def __call__(self, metrics: RunMetrics) -> None:
@@ -190,36 +230,68 @@ class Dashboard:
             self.flush()
 
     def flush(self) -> None:
-        """Push every point received so far to the figure in one batched update."""
+        """Send every point received so far to the page in one message (only what changed)."""
         if not self._pending and self.flush_count:
             return
-        rows = self.history
-        stride = max(1, math.ceil(len(rows) / self.max_points))
-        shown = rows[::stride]
-        if rows and shown[-1] is not rows[-1]:
-            shown.append(rows[-1])  # always draw the latest point
-        with self.figure.batch_update():
-            for trace in self.figure.data:
-                _, read, _ = _TRACES[trace.name]
-                # A recompilation is rare and must never be strided away: read it from every row.
-                source = rows if trace.name in ("recompilation", "eval loss") else shown
-                xs, ys = [], []
-                for m in source:
-                    y = read(m)
-                    if y is None or (isinstance(y, float) and not math.isfinite(y)):
-                        continue
-                    xs.append(m["step"])
-                    ys.append(y)
-                if trace.name == "compiles" and self._warmup_compiles(rows):
-                    # Programs compiled before the first interval (prewarm) are drawn at step 0.
-                    xs, ys = [0, *xs], [self._warmup_compiles(rows), *ys]
-                trace.x, trace.y = xs, ys
-            self._annotate_unknown_mfu(rows)
-        sync_state(self.figure)  # so a page that attaches later (Voilà, a reload) draws the points too
+        self._ingest()
+        layout, styles = self._look()
+        self.figure.update([series.drawn() for series in self._series.values()], layout=layout, styles=styles)
         self.status.value = self._status_html()
         self._pending = False
         self._last_flush = self._clock()
         self.flush_count += 1
+
+    def _ingest(self) -> None:
+        """Append the rows received since the last flush to each trace's full series."""
+        rows = self.history
+        if self._ingested == 0 and rows and (warm := self._warmup_compiles(rows)):
+            # Programs compiled before the first interval (prewarm) are drawn at step 0.
+            self._series["compiles"].append(0, warm)
+        for m in rows[self._ingested :]:
+            for name, (_, read, _) in _TRACES.items():
+                y = read(m)
+                if y is None or (isinstance(y, float) and not math.isfinite(y)):
+                    continue
+                hover = _HOVER_TEXT.get(name)
+                self._series[name].append(int(m["step"]), float(y), hover(m) if hover else None)
+        self._ingested = len(rows)
+
+    def _look(self) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Layout and styles for the data so far: empty panels give their space to a note."""
+        layout = deepcopy(self._base_layout)
+        notes = list(layout.get("annotations", []))
+        styles = []
+        filled: set[str] = set()
+        for style, (name, (panel, _, _)) in zip(self._base_styles, _TRACES.items(), strict=True):
+            has_points = len(self._series[name]) > 0
+            styles.append({**style, "showlegend": has_points})
+            if has_points:
+                filled.add(panel)
+        for panel in PANELS:
+            if panel in filled:
+                continue
+            suffix = _axis_suffix(panel)
+            for axis in (f"xaxis{suffix}", f"yaxis{suffix}"):
+                layout[axis] = {**layout.get(axis, {}), "visible": False}
+            if not self.history:
+                text = "waiting for the first log interval"
+            elif panel == "mfu":
+                text = _MFU_UNKNOWN
+            else:
+                text = "not reported by this run"
+            notes.append(
+                {
+                    "text": text,
+                    "xref": f"x{suffix} domain",
+                    "yref": f"y{suffix} domain",
+                    "x": 0.5,
+                    "y": 0.5,
+                    "showarrow": False,
+                    "font": {"color": "#777", "size": 13},
+                }
+            )
+        layout["annotations"] = notes
+        return layout, styles
 
     @staticmethod
     def _warmup_compiles(rows: list[RunMetrics]) -> int:
@@ -233,20 +305,6 @@ class Dashboard:
         # A hand-written loop feeding StepProfiler metrics has no prewarm count: derive it.
         total, first = rows[0].get("total_compiles"), rows[0].get("compiles")
         return max(0, int(total) - int(first or 0)) if total is not None else 0
-
-    def _annotate_unknown_mfu(self, rows: list[RunMetrics]) -> None:
-        # On a CPU the peak FLOP/s is unknown, so MFU is None: say so instead of an empty panel.
-        unknown = bool(rows) and all(m.get("mfu") is None for m in rows)
-        text = "MFU unknown on this hardware (no published peak FLOP/s)"
-        kept = [a for a in self.figure.layout.annotations if a.text != text]
-        if unknown:
-            kept.append(
-                go.layout.Annotation(
-                    text=text, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, showarrow=False
-                )
-            )
-        if len(kept) != len(self.figure.layout.annotations):
-            self.figure.layout.annotations = kept
 
     # ---- summaries -----------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -307,9 +365,29 @@ class Dashboard:
         display(self.figure)
 
     def to_figure(self) -> go.Figure:
-        """A static copy of the current figure (every received point drawn)."""
+        """The live figure's description with every received point (no decimation): the export's figure."""
         self.flush()
-        return go.Figure(self.figure)
+        layout, styles = self._look()
+        data = []
+        for style, series in zip(styles, self._series.values(), strict=True):
+            full = series.full()
+            trace = {**style, "x": full.x, "y": full.y}
+            if full.text:
+                trace["text"] = full.text
+            data.append(trace)
+        return go.Figure({"data": data, "layout": layout})
+
+    def recompilations(self) -> list[tuple[int, str]]:
+        """(step, why) for every compile after warm-up, from the intervals that had one."""
+        found = []
+        for m in self.history:
+            if not _is_recompile(m):
+                continue
+            steps = m.get("recompile_steps") or [m["step"]]
+            causes = m.get("recompile_causes") or []
+            for i, step in enumerate(steps):
+                found.append((int(step), causes[i] if i < len(causes) else "cause not recorded"))
+        return found
 
     def export_html(self, path: str | Path, *, title: str | None = None, appendix: str | None = None) -> Path:
         """Write a self-contained HTML report (plotly.js embedded, no network needed to view it).
@@ -331,7 +409,14 @@ class Dashboard:
             f"<div class='v'>{html.escape(_fmt(v))}</div></div>"
             for k, v in self.summary().items()
         )
-        extra = f"<h2>Config</h2><pre>{html.escape(appendix)}</pre>" if appendix else ""
+        extra = ""
+        if recompiled := self.recompilations():
+            items = "".join(
+                f"<li>step {step}: <code>{html.escape(why)}</code></li>" for step, why in recompiled
+            )
+            extra += f"<h2>Recompilations</h2><ul class='recompilations'>{items}</ul>"
+        if appendix:
+            extra += f"<h2>Config</h2><pre>{html.escape(appendix)}</pre>"
         page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{heading}</title>
 <style>

@@ -1,0 +1,212 @@
+"""A live plotly figure that no frontend can miss an update of: an anywidget with its own front end.
+
+Why not plotly's `FigureWidget`: it sends each edit as a one-off value of a trait that it
+resets to None at once (``_py2js_update``), so the edit exists only in flight. A page whose
+view is not listening at that moment (Voilà pages sometimes kept 12 points while the kernel
+held 16) never sees it again, and nothing tells it that it is behind.
+
+`LivePlot` keeps three synced traits, and every view reconciles against them:
+
+- ``look``: the layout and the per-trace styles, with a revision number (changes rarely).
+- ``delta``: the latest flush as an append-only change, numbered: for each changed trace, how
+  many drawn points to keep and the new points after them (``Plotly.extendTraces``). It carries
+  the kernel's ``time.time()`` so a page can measure kernel-to-page latency.
+- ``state``: the whole drawn figure at the latest number. It is never pushed on a flush (that is
+  the traffic deltas avoid); `get_state` computes it whenever a frontend asks for the widget's
+  state (a page attaching late, Voilà, a reload, a saved notebook), and a view that sees a gap in
+  the numbers asks for it with a message.
+
+The front end (``live_plot.js``) draws with the plotly.js that the plotly package ships,
+evaluated once per page (no CDN, no network). `DecimatedSeries` bounds what is drawn per trace
+(bucket minimum and maximum, so spikes survive) while the caller keeps the full history.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+_MODULE = Path(__file__).with_name("live_plot.js")
+
+
+def _esm_source() -> str:
+    """The ES module: plotly.js (evaluated only when the page has not loaded it yet) then ours."""
+    plotly_js = resources.files("plotly").joinpath("package_data", "plotly.min.js").read_text("utf-8")
+    loader = f"const __loadPlotly = () => {{\n{plotly_js}\nreturn globalThis.Plotly;\n}};\n"
+    return loader + _MODULE.read_text("utf-8")
+
+
+@dataclass(frozen=True)
+class TraceData:
+    """One trace's drawn points (hover `text` empty for traces without hover text)."""
+
+    x: list[float]
+    y: list[float]
+    text: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, list[Any]]:
+        return {"x": self.x, "y": self.y, "text": self.text}
+
+
+class DecimatedSeries:
+    """Append-only (x, y[, text]) points and a bounded view of them for drawing.
+
+    The points are cut into buckets of `stride` (a power of two, the smallest that keeps the
+    drawn count within `max_points`); each finished bucket draws its minimum and maximum (so a
+    spike survives), the last, unfinished bucket its minimum, maximum and latest point. Finished
+    buckets never change until the stride doubles, so successive views share a long prefix and
+    the page receives only the tail (a few points) per update. `decimate=False` draws every point
+    (rare markers: recompilations, evals).
+    """
+
+    def __init__(self, max_points: int, *, decimate: bool = True) -> None:
+        if max_points < 10:
+            raise ValueError(f"max_points={max_points!r} is not allowed: must be >= 10")
+        self.max_points = max_points
+        self.decimate = decimate
+        self.x: list[float] = []
+        self.y: list[float] = []
+        self.text: list[str] = []
+        self._stride = 1
+        self._finished: list[int] = []  # indices drawn for the finished buckets at this stride
+        self._finished_buckets = 0
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def append(self, x: float, y: float, text: str | None = None) -> None:
+        self.x.append(x)
+        self.y.append(y)
+        if text is not None:
+            self.text.append(text)
+
+    def full(self) -> TraceData:
+        return TraceData(list(self.x), list(self.y), list(self.text))
+
+    def drawn(self) -> TraceData:
+        n = len(self.x)
+        if not self.decimate or n <= self.max_points:
+            return self.full()
+        stride = self._stride
+        while self._count(n, stride) > self.max_points:
+            stride *= 2
+        if stride != self._stride:
+            self._stride, self._finished, self._finished_buckets = stride, [], 0
+        last_bucket = (n - 1) // stride
+        for bucket in range(self._finished_buckets, last_bucket):
+            self._finished.extend(self._extremes(bucket * stride, (bucket + 1) * stride))
+        self._finished_buckets = last_bucket
+        tail = sorted({*self._extremes(last_bucket * stride, n), n - 1})
+        keep = self._finished + tail
+        text = [self.text[i] for i in keep] if self.text else []
+        return TraceData([self.x[i] for i in keep], [self.y[i] for i in keep], text)
+
+    @staticmethod
+    def _count(n: int, stride: int) -> int:
+        finished = (n - 1) // stride
+        return finished * min(2, stride) + min(3, n - finished * stride)
+
+    def _extremes(self, start: int, stop: int) -> list[int]:
+        window = range(start, stop)
+        low = min(window, key=self.y.__getitem__)
+        high = max(window, key=self.y.__getitem__)
+        return sorted({low, high})
+
+
+def _common_prefix(old: TraceData, new: TraceData) -> int:
+    limit = min(len(old.x), len(new.x))
+    texts = bool(old.text or new.text)
+    for i in range(limit):
+        if old.x[i] != new.x[i] or old.y[i] != new.y[i]:
+            return i
+        if texts and (old.text[i : i + 1] != new.text[i : i + 1]):
+            return i
+    return limit
+
+
+class LivePlot(anywidget.AnyWidget):
+    """A plotly figure (layout + traces) updated with numbered append-only deltas.
+
+    Args:
+        layout: plotly layout dict.
+        styles: one dict per trace (name, mode, marker, axes...), without data.
+        name: a label for the page (tests and benches find the plot by it).
+    """
+
+    _esm = _esm_source()
+    look = traitlets.Dict().tag(sync=True)
+    delta = traitlets.Dict().tag(sync=True)
+    state = traitlets.Dict().tag(sync=True)
+    name = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, layout: dict[str, Any], styles: list[dict[str, Any]], *, name: str = "") -> None:
+        self.seq = 0
+        self.snapshot_requests = 0
+        self._data = [TraceData([], []) for _ in styles]
+        super().__init__(name=name, look={"layout": layout, "styles": styles, "rev": 0})
+        self.on_msg(self._on_frontend_message)
+
+    @property
+    def data(self) -> list[TraceData]:
+        """What every page draws once it has caught up (the latest update)."""
+        return list(self._data)
+
+    def update(
+        self,
+        data: list[TraceData],
+        *,
+        layout: dict[str, Any] | None = None,
+        styles: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any] | None:
+        """Send what changed in one comm message; returns the delta sent (None if nothing changed)."""
+        if len(data) != len(self._data):
+            raise ValueError(f"data has {len(data)} traces, the plot has {len(self._data)}")
+        layout = self.look["layout"] if layout is None else layout
+        styles = self.look["styles"] if styles is None else styles
+        changes = []
+        for index, (old, new) in enumerate(zip(self._data, data, strict=True)):
+            keep = _common_prefix(old, new)
+            if keep == len(old.x) == len(new.x):
+                continue
+            changes.append([index, keep, new.x[keep:], new.y[keep:], new.text[keep:]])
+        look_changed = layout != self.look["layout"] or styles != self.look["styles"]
+        if not changes and not look_changed:
+            return None
+        with self.hold_sync():  # one message: the look and the delta travel together
+            if look_changed:
+                self.look = {"layout": layout, "styles": styles, "rev": self.look["rev"] + 1}
+            delta = None
+            if changes:
+                self.seq += 1
+                delta = {"seq": self.seq, "base": self.seq - 1, "t": 1000 * time.time(), "traces": changes}
+                self._data = list(data)
+                self.delta = delta
+        return delta
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole drawn figure at the latest update number."""
+        return {"seq": self.seq, "t": 1000 * time.time(), "traces": [t.to_json() for t in self._data]}
+
+    def get_state(self, key: Any = None, drop_defaults: bool = False) -> dict[str, Any]:
+        state = super().get_state(key=key, drop_defaults=drop_defaults)
+        if "state" in state or key is None:
+            state["state"] = self.snapshot()  # computed when asked, never pushed per flush
+        return state
+
+    def _on_frontend_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        # A view that saw a gap in the numbers (it rendered mid-stream or lost a message).
+        if isinstance(content, dict) and content.get("type") == "snapshot":
+            self.snapshot_requests += 1
+            self.send_state("state")
+
+
+def message_bytes(payload: Any) -> int:
+    """Size of a payload as the comm sends it (JSON)."""
+    return len(json.dumps(payload, separators=(",", ":")))
