@@ -8,6 +8,13 @@ forces no device sync; at the log interval it reads the loss once (one device->h
 It keeps the history (JSON/CSV export) and turns what it saw into `Advice`: recompilation
 after warm-up, a device->host transfer every step, low MFU, memory near the limit, steps
 waiting on input.
+
+Each recompilation is explained (`workbench.analysis.recompiles`): the step's input signature
+(`step(..., inputs=batch)`: shapes and dtypes from tensor metadata, never the device) is
+diffed against those of the programs already compiled, and the Python frame that triggered
+the compile is read from torch_xla's compile log (`workbench.backend.compile_log`, on when
+``PT_XLA_DEBUG_LEVEL>=1`` and ``PT_XLA_DEBUG_FILE`` are set before the first compile; the
+`Trainer` switches it on). The log is read only at a step whose compile counter rose.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -23,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.analysis.flops import mfu
 from workbench.analysis.metrics import INTERVAL_KEYS, IntervalMetrics, perplexity
+from workbench.analysis.recompiles import RecompileTracker, input_signatures
 from workbench.backend import compile_log, runtime
 
 if TYPE_CHECKING:
@@ -63,7 +72,8 @@ class StepProfiler:
     `memory_estimate_bytes`: e.g. `analysis.estimate.estimate(...).total_bytes`, used for the
     memory advice where the device reports no usage (XLA:CPU) and no compiled-program figure
     is logged.
-    `warmup_steps`: compiles up to this step are expected; later ones are recompilations.
+    `warmup_steps`: compiles up to this step are expected; later ones are recompilations,
+    explained in ``recompile_causes`` and the advice (`recompiles`).
     `sync_at_log`: at a log step with no loss to read, wait for the device so the interval's
     time is the device's, not the host's.
     """
@@ -106,6 +116,10 @@ class StepProfiler:
         self._tokens_seen = 0
         self._start = time.perf_counter()
         self._recompile_steps: list[int] = []
+        self.recompiles = RecompileTracker()
+        """The input signatures seen and each recompilation with its cause."""
+        self._compile_log = compile_log.CompileLogReader() if self._xla else None
+        self._program_peak: tuple[tuple[str, int] | None, int | None] = (None, None)
         self._open_interval(self._start, self._counters())
 
     # ---- the clock and counters ----
@@ -122,15 +136,22 @@ class StepProfiler:
         self._interval_counters = counters
         self._last_compiles = counters[0]
         self._interval_recompiles: list[int] = []
+        self._interval_causes: list[str] = []
 
     def exclude_compiles(self) -> None:
         """Programs compiled since the last step (e.g. by a checkpoint save) are not the loop's recompilations."""
         if self._xla:
             self._last_compiles = runtime.compile_count()
+            self._skip_compile_log()
+
+    def _skip_compile_log(self) -> None:
+        if self._compile_log is not None:
+            self._compile_log.skip()
 
     def reset_clock(self) -> None:
         """Start timing now (e.g. after warm-up compiles that should not count as step time)."""
         self._open_interval(time.perf_counter(), self._counters())
+        self._skip_compile_log()
 
     @contextlib.contextmanager
     def input_wait(self) -> Iterator[None]:
@@ -152,6 +173,7 @@ class StepProfiler:
         eval_loss: float | None = None,
         log: bool | None = None,
         grad_norm: Any = None,
+        inputs: Any = None,
     ) -> IntervalMetrics | None:
         """Record one optimizer step of `tokens` real tokens. Returns the metrics dict at a log
         step (every `log_every` steps, or when `log=True`), else None.
@@ -160,6 +182,9 @@ class StepProfiler:
         the loss it is read after the interval's transfer count is taken, so the
         profiler's own reads never count as the loop's transfers. Nothing here reads a device
         value between log steps.
+
+        `inputs`: the step's batch (a dict of tensors) or its batches (a list of dicts, one per
+        accumulation step), for the recompile forensics: only their shapes and dtypes are read.
         """
         self._step += 1
         self._tokens_seen += int(tokens)
@@ -170,15 +195,27 @@ class StepProfiler:
         if self._xla:
             # host-side counter: which step compiled (recompiles after warm-up are the advice)
             compiles = runtime.compile_count()
+            signatures = input_signatures(inputs)
             if compiles > self._last_compiles and self._step > self.warmup_steps:
-                self._interval_recompiles.append(self._step)
-                self._recompile_steps.append(self._step)
+                self._explain_recompile(compiles - self._last_compiles, signatures)
+            else:
+                if compiles > self._last_compiles:  # warm-up programs: expected, not explained
+                    self._skip_compile_log()
+                self.recompiles.remember(signatures)
             self._last_compiles = compiles
         if log is None:
             log = self._step % self.log_every == 0
         if not log:
             return None
         return self._log(loss, lr, eval_loss, grad_norm)
+
+    def _explain_recompile(self, programs: int, signatures: Any) -> None:
+        log_on = self._compile_log is not None and self._compile_log.path is not None
+        records = self._compile_log.new_records() if log_on else []
+        recompile = self.recompiles.observe(self._step, signatures, programs, records, log_on=log_on)
+        self._interval_recompiles.append(self._step)
+        self._recompile_steps.append(self._step)
+        self._interval_causes.append(recompile.describe())
 
     def _log(self, loss: Any, lr: float | None, eval_loss: float | None, grad_norm: Any) -> IntervalMetrics:
         # counters first: the profiler's own reads of the loss and grad norm are not the user's transfers
@@ -219,7 +256,7 @@ class StepProfiler:
             "input_wait_fraction": self._interval_wait / interval,
             "compiled_program_bytes": self._compiled_program_bytes(),
             "recompile_steps": list(self._interval_recompiles),
-            "recompile_causes": [],
+            "recompile_causes": list(self._interval_causes),
             "grad_norm": grad_norm_value,
         }
         self.history.append(metrics)
@@ -242,24 +279,29 @@ class StepProfiler:
         return info["bytes_used"], limit or info["bytes_limit"] or None
 
     def _compiled_program_bytes(self) -> int | None:
-        if not self._xla or compile_log.compile_memory_log_path() is None:
+        path = compile_log.compile_memory_log_path() if self._xla else None
+        if path is None or not os.path.exists(path):
             return None
-        records = compile_log.compiled_memory_records()
-        return max((r.peak_bytes for r in records), default=None)
+        size = os.path.getsize(path)
+        if self._program_peak[0] != (path, size):  # the log grows only when a program compiles
+            records = compile_log.compiled_memory_records(path)
+            self._program_peak = ((path, size), max((r.peak_bytes for r in records), default=None))
+        return self._program_peak[1]
 
     # ---- advice ----
     def advice(self) -> list[Advice]:
         """What the history says to change, one `Advice` per kind found."""
         found: list[Advice] = []
         if self._recompile_steps:
+            causes = [r.describe() for r in self.recompiles.recompiles]
             found.append(
                 Advice(
                     "recompilation",
                     f"{len(self._recompile_steps)} step(s) compiled a new program after warm-up "
-                    f"(steps {_short(self._recompile_steps)}): the step's input shapes change. Bucket "
+                    f"(steps {_short(self._recompile_steps)}): {_causes(causes)}. Bucket "
                     "sequence lengths (bucketing.strategy, max_buckets) or pad to fixed lengths, and "
                     "pre-compile the bucket shapes before training.",
-                    {"steps": list(self._recompile_steps)},
+                    {"steps": list(self._recompile_steps), "causes": causes},
                 )
             )
         every_step = [
@@ -392,6 +434,11 @@ def _csv_cell(value: Any) -> Any:
     if isinstance(value, list):
         return " ".join(map(str, value))
     return value
+
+
+def _causes(causes: Sequence[str], limit: int = 3) -> str:
+    text = " | ".join(causes[:limit])
+    return text + (f" | ... ({len(causes)} in all)" if len(causes) > limit else "")
 
 
 def _short(steps: Sequence[int], limit: int = 8) -> str:
