@@ -33,7 +33,7 @@ import torch
 from workbench.analysis.flops import training_flops_per_token
 from workbench.analysis.metrics import IntervalMetrics, RunMetrics, perplexity
 from workbench.analysis.profiler import StepProfiler
-from workbench.backend import runtime
+from workbench.backend import compile_log, runtime
 from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
@@ -137,7 +137,7 @@ class Trainer:
         train = cfg.train
         self.cfg, self.callbacks = cfg, list(callbacks)
         self.hw = hardware or detect(train.device_type)
-        self.notices: list[str] = list(self.hw.notices)
+        self.notices: list[str] = [*self.hw.notices, *compile_log.start_run_log(self.hw.via_xla)]
         self.xla = self.hw.via_xla
         self.mesh_spec = mesh_from_config(cfg.mesh, self.hw) if self.xla and cfg.mesh.enabled else None
         self.mesh = self.mesh_spec.build() if self.mesh_spec is not None else None
@@ -369,6 +369,7 @@ class Trainer:
             eval_loss=eval_loss,
             log=is_log,
             grad_norm=out.get("grad_norm"),
+            inputs=batches,  # shapes and dtypes only: what each recompilation changed
         )
         if metrics is not None:
             self._report(metrics, warm, bar)
