@@ -5,6 +5,7 @@ The flow: `records.build_datasets` (load, tokenise, split, shard by host) -> `lo
 that pads to the bucket or packs) -> the trainer's stream.
 """
 
+from workbench.data.bucket_choice import BucketChoice, choose_buckets
 from workbench.data.buckets import STRATEGIES, BucketPlan, padded_tokens_for, plan_buckets
 from workbench.data.collate import (
     BucketCollator,
@@ -14,7 +15,7 @@ from workbench.data.collate import (
     packing_efficiency,
 )
 from workbench.data.corpus import ASSETS, CHAT_SAMPLE, embedded_corpus, generate_chat_sample
-from workbench.data.loader import make_loader, plan_for_config, prewarm, synthetic_batch
+from workbench.data.loader import make_loader, plan_for_config, prewarm, synthetic_batch, training_epochs
 from workbench.data.records import (
     IGNORE_INDEX,
     build_datasets,
@@ -33,12 +34,14 @@ __all__ = [
     "IGNORE_INDEX",
     "STRATEGIES",
     "BucketBatchSampler",
+    "BucketChoice",
     "BucketCollator",
     "BucketPlan",
     "PackedCollator",
     "build_datasets",
     "cache_root",
     "chat_token_ids",
+    "choose_buckets",
     "embedded_corpus",
     "generate_chat_sample",
     "get_tokenizer",
@@ -54,4 +57,5 @@ __all__ = [
     "synthetic_batch",
     "tokenize_records",
     "train_tokenizer",
+    "training_epochs",
 ]

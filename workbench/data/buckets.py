@@ -27,9 +27,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:  # the chooser imports this module: a runtime import would be circular
+    from workbench.data.bucket_choice import BucketChoice
 
 STRATEGIES = ("optimal", "pow2", "multiple", "quantile", "max")
 Strategy = Literal["optimal", "pow2", "multiple", "quantile", "max"]
@@ -58,6 +61,8 @@ class BucketPlan:
     """Sequences per bucket, aligned with `boundaries`."""
     truncated: int = 0
     """Sequences longer than `max_length` (planned as truncated to it)."""
+    choice: BucketChoice | None = None
+    """How `choose_buckets` picked the number of shapes (its predicted time per K); None otherwise."""
 
     @property
     def efficiency(self) -> float:
@@ -84,7 +89,7 @@ class BucketPlan:
         return self.boundaries[self.bucket_index(length)]
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out = {
             "strategy": self.strategy,
             "boundaries": list(self.boundaries),
             "num_shapes": self.num_shapes,
@@ -93,6 +98,9 @@ class BucketPlan:
             "efficiency": self.efficiency,
             "truncated": self.truncated,
         }
+        if self.choice is not None:
+            out["choice"] = self.choice.summary()
+        return out
 
 
 def padded_tokens_for(lengths: Sequence[int] | np.ndarray, boundaries: Sequence[int]) -> int:
@@ -128,25 +136,10 @@ def plan_buckets(
         raise ValueError(f"strategy={strategy!r} is not allowed: expected one of {', '.join(STRATEGIES)}")
     if max_buckets is not None and (not isinstance(max_buckets, (int, np.integer)) or max_buckets < 1):
         raise ValueError(f"max_buckets={max_buckets!r} is not allowed: must be an int >= 1 or None")
-    if not isinstance(multiple_of, (int, np.integer)) or multiple_of < 1:
-        raise ValueError(f"multiple_of={multiple_of!r} is not allowed: must be an int >= 1")
-    arr = np.asarray(lengths, dtype=np.int64).ravel()
-    if arr.size == 0:
-        raise ValueError("lengths is empty: nothing to plan buckets for")
-    if arr.min() < 1:
-        raise ValueError(f"lengths must be >= 1, got a length of {int(arr.min())}")
-    if max_length is not None and max_length < 1:
-        raise ValueError(f"max_length={max_length!r} is not allowed: must be >= 1 or None")
-    limit = int(max_length) if max_length is not None else int(arr.max())
-    truncated = int((arr > limit).sum())
-    clipped = np.minimum(arr, limit)
-    top = int(round_up(limit, multiple_of))
-    rounded = round_up(clipped, multiple_of)
-    values, counts = np.unique(rounded, return_counts=True)
+    hist = LengthHistogram.of(lengths, multiple_of=multiple_of, max_length=max_length)
+    values, counts, top = hist.values, hist.counts, hist.top
 
     if strategy == "optimal":
-        if values[-1] != top:  # the last boundary must fit max_length even if no length reaches it
-            values, counts = np.append(values, top), np.append(counts, 0)
         # no cap: one boundary per candidate value, the appended top one included
         k = len(values) if max_buckets is None else int(max_buckets)
         boundaries = _optimal_boundaries(values, counts, k)
@@ -166,22 +159,66 @@ def plan_buckets(
         boundaries = _cap(list(range(int(values[0]), top + 1, multiple_of)), max_buckets)
     else:  # quantile
         k = int(max_buckets) if max_buckets is not None else 4
-        qs = np.quantile(clipped, np.arange(1, k + 1) / k, method="higher")
+        qs = np.quantile(hist.clipped, np.arange(1, k + 1) / k, method="higher")
         boundaries = sorted({int(b) for b in round_up(qs, multiple_of)} | {top})
         boundaries = _cap([b for b in boundaries if b <= top], max_buckets)
 
-    bounds = np.asarray(boundaries, dtype=np.int64)
-    which = np.searchsorted(bounds, values, side="left")
-    per_bucket = np.bincount(which, weights=counts, minlength=len(bounds)).astype(np.int64)
-    return BucketPlan(
-        boundaries=[int(b) for b in bounds],
-        real_tokens=int(clipped.sum()),
-        padded_tokens=int((bounds[which] * counts).sum()),
-        strategy=strategy,
-        num_sequences=int(arr.size),
-        counts=[int(c) for c in per_bucket],
-        truncated=truncated,
-    )
+    return hist.plan(boundaries, strategy)
+
+
+@dataclass(frozen=True)
+class LengthHistogram:
+    """Lengths as the planners see them: clipped to ``max_length``, rounded up to ``multiple_of``,
+    counted per distinct value; the top value (``max_length`` or the longest, rounded) is always
+    present (with a count of 0 when no length reaches it), since the last boundary must fit it."""
+
+    values: np.ndarray
+    """Distinct rounded lengths, ascending, the top one last."""
+    counts: np.ndarray
+    """Sequences per value."""
+    clipped: np.ndarray
+    """Every length, clipped to ``max_length`` (not rounded)."""
+    top: int
+    truncated: int
+
+    @classmethod
+    def of(
+        cls, lengths: Sequence[int] | np.ndarray, *, multiple_of: int = 1, max_length: int | None = None
+    ) -> LengthHistogram:
+        if not isinstance(multiple_of, (int, np.integer)) or multiple_of < 1:
+            raise ValueError(f"multiple_of={multiple_of!r} is not allowed: must be an int >= 1")
+        arr = np.asarray(lengths, dtype=np.int64).ravel()
+        if arr.size == 0:
+            raise ValueError("lengths is empty: nothing to plan buckets for")
+        if arr.min() < 1:
+            raise ValueError(f"lengths must be >= 1, got a length of {int(arr.min())}")
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length={max_length!r} is not allowed: must be >= 1 or None")
+        limit = int(max_length) if max_length is not None else int(arr.max())
+        clipped = np.minimum(arr, limit)
+        top = int(round_up(limit, multiple_of))
+        values, counts = np.unique(round_up(clipped, multiple_of), return_counts=True)
+        if values[-1] != top:
+            values, counts = np.append(values, top), np.append(counts, 0)
+        return cls(values, counts, clipped, top, int((arr > limit).sum()))
+
+    def plan(
+        self, boundaries: Sequence[int], strategy: str, choice: BucketChoice | None = None
+    ) -> BucketPlan:
+        """The `BucketPlan` of these lengths under `boundaries` (the last one must be >= `top`)."""
+        bounds = np.asarray(boundaries, dtype=np.int64)
+        which = np.searchsorted(bounds, self.values, side="left")
+        per_bucket = np.bincount(which, weights=self.counts, minlength=len(bounds)).astype(np.int64)
+        return BucketPlan(
+            boundaries=[int(b) for b in bounds],
+            real_tokens=int(self.clipped.sum()),
+            padded_tokens=int((bounds[which] * self.counts).sum()),
+            strategy=strategy,
+            num_sequences=int(self.clipped.size),
+            counts=[int(c) for c in per_bucket],
+            truncated=self.truncated,
+            choice=choice,
+        )
 
 
 def _cap(boundaries: list[int], max_buckets: int | None) -> list[int]:
@@ -205,32 +242,11 @@ def _optimal_boundaries(values: np.ndarray, counts: np.ndarray, max_buckets: int
     if max_buckets >= n:
         # Every value its own bucket; drop values nobody uses except the last (zero-count top).
         return [v[i] for i in range(n) if counts[i] > 0 or i == n - 1]
-    inf = float("inf")
     prev: list[float] = [v[i] * prefix[i] for i in range(n)]  # one bucket ending at v_i
     parents: list[list[int]] = []
     for k in range(2, max_buckets + 1):
-        cur: list[float] = [inf] * n
-        parent = [-1] * n
-        hull: list[int] = []  # line indices j, slopes -prefix[j] strictly decreasing
-        head = 0
-        for i in range(k - 1, n):
-            j = i - 1  # the line for a previous boundary at v_{i-1} becomes available
-            if prev[j] != inf:
-                while len(hull) - head >= 2 and _useless(hull[-2], hull[-1], j, prev, prefix):
-                    hull.pop()
-                hull.append(j)
-                head = min(head, len(hull) - 1)
-            x = v[i]
-            while head + 1 < len(hull) and (
-                prev[hull[head + 1]] - prefix[hull[head + 1]] * x <= prev[hull[head]] - prefix[hull[head]] * x
-            ):
-                head += 1
-            if head < len(hull):
-                best = hull[head]
-                cur[i] = prev[best] + x * (prefix[i] - prefix[best])
-                parent[i] = best
+        prev, parent = _next_layer(prev, v, prefix, k)
         parents.append(parent)
-        prev = cur
     # Walk back from the last value through the layer that used all max_buckets boundaries.
     chosen = [n - 1]
     i = n - 1
@@ -238,6 +254,47 @@ def _optimal_boundaries(values: np.ndarray, counts: np.ndarray, max_buckets: int
         i = parent[i]
         chosen.append(i)
     return [v[i] for i in reversed(chosen)]
+
+
+def _next_layer(prev: list[float], v: list[int], prefix: list[int], k: int) -> tuple[list[float], list[int]]:
+    """Layer k of the DP from layer k-1 (`prev`): the cheapest cost with k boundaries ending at each
+    value, and the previous boundary it came from (-1 where k boundaries do not fit)."""
+    n = len(v)
+    cur: list[float] = [float("inf")] * n
+    parent = [-1] * n
+    hull: list[int] = []  # line indices j, slopes -prefix[j] strictly decreasing
+    head = 0
+    for i in range(k - 1, n):
+        j = i - 1  # the line for a previous boundary at v_{i-1} becomes available
+        if prev[j] != float("inf"):
+            while len(hull) - head >= 2 and _useless(hull[-2], hull[-1], j, prev, prefix):
+                hull.pop()
+            hull.append(j)
+            head = min(head, len(hull) - 1)
+        x = v[i]
+        while head + 1 < len(hull) and (
+            prev[hull[head + 1]] - prefix[hull[head + 1]] * x <= prev[hull[head]] - prefix[hull[head]] * x
+        ):
+            head += 1
+        if head < len(hull):
+            best = hull[head]
+            cur[i] = prev[best] + x * (prefix[i] - prefix[best])
+            parent[i] = best
+    return cur, parent
+
+
+def fewest_padded_tokens(values: Sequence[int], counts: Sequence[int], max_k: int) -> list[int]:
+    """Fewest padded tokens with at most 1, 2, ..., `max_k` boundaries (entry k-1 for k), for the
+    histogram (`values` ascending, the top one last; `counts` per value): the "optimal" planner's
+    minimum for every K, from one pass of its K layers."""
+    v = [int(x) for x in values]
+    prefix = [int(x) for x in np.cumsum(counts)]
+    layer: list[float] = [v[i] * prefix[i] for i in range(len(v))]
+    best = [int(layer[-1])]
+    for k in range(2, min(max_k, len(v)) + 1):
+        layer, _ = _next_layer(layer, v, prefix, k)
+        best.append(min(best[-1], int(layer[-1])))  # "at most k": never worse than k - 1
+    return best + [best[-1]] * (max_k - len(best))
 
 
 def _useless(a: int, b: int, c: int, f: list[float], slope: list[int]) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.data.bucket_choice import choose_buckets
 from workbench.data.buckets import BucketPlan, plan_buckets
 from workbench.data.collate import BucketCollator, PackedCollator, RowDataset, ids_and_labels, pack_sequences
 from workbench.data.sampler import BucketBatchSampler
@@ -116,25 +117,67 @@ def _examples_of(dataset: Any) -> list[dict[str, list[int]]]:
     return [dict(zip(("input_ids", "labels"), ids_and_labels(dataset[i]))) for i in range(len(dataset))]
 
 
-def _lengths_of(dataset: Any) -> np.ndarray:
+def dataset_lengths(dataset: Any) -> np.ndarray:
+    """Token length of every example (its ``length`` column when it has one)."""
     names = getattr(dataset, "column_names", None) or []
     if "length" in names:
         return np.asarray(dataset["length"], dtype=np.int64)
     return np.asarray([len(dataset[i]["input_ids"]) for i in range(len(dataset))], dtype=np.int64)
 
 
-def plan_for_config(lengths: Sequence[int] | np.ndarray, cfg: Any) -> BucketPlan | None:
-    """The plan `make_loader` uses for `cfg.bucketing` (None for strategy "none" or packing)."""
+def training_epochs(lengths: Sequence[int] | np.ndarray, cfg: Any) -> float:
+    """Passes the run makes over `lengths`: ``train.steps`` optimizer steps of ``grad_accum`` batches,
+    each ``train.batch_size`` sequences (or ``bucketing.tokens_per_batch`` tokens, counted as real
+    tokens: padding makes it a little fewer passes)."""
+    arr = np.asarray(lengths, dtype=np.int64)
+    batches = cfg.train.steps * cfg.train.grad_accum
+    if cfg.bucketing.tokens_per_batch is not None:
+        real = np.minimum(arr, cfg.data.max_length).sum()
+        return batches * cfg.bucketing.tokens_per_batch / max(int(real), 1)
+    return batches * cfg.train.batch_size / max(len(arr), 1)
+
+
+def plan_for_config(
+    lengths: Sequence[int] | np.ndarray, cfg: Any, *, epochs: float | None = None
+) -> BucketPlan | None:
+    """The plan `make_loader` uses for `cfg.bucketing` (None for strategy "none" or packing).
+
+    With ``max_buckets: auto`` the plan comes from `choose_buckets` over `epochs` passes (default:
+    `training_epochs`), with ``bucketing.compile_seconds`` and ``seconds_per_padded_token``. The
+    trainer measures those on XLA when they are not set (`workbench.train.warmup.choose_auto_buckets`);
+    either left unset here means no compile cost (eager CUDA or CPU compiles nothing): the plan with
+    the fewest padded tokens, one shape per distinct rounded length.
+    """
     b = cfg.bucketing
     if b.packing or b.strategy == "none":
         return None
-    return plan_buckets(
-        lengths, b.max_buckets, multiple_of=b.multiple_of, max_length=cfg.data.max_length, strategy=b.strategy
+    if b.max_buckets != "auto":
+        return plan_buckets(
+            lengths,
+            b.max_buckets,
+            multiple_of=b.multiple_of,
+            max_length=cfg.data.max_length,
+            strategy=b.strategy,
+        )
+    if b.strategy != "optimal":
+        raise ValueError(
+            f"bucketing.strategy={b.strategy!r} is not allowed with bucketing.max_buckets='auto': "
+            "'auto' chooses among exact optimal plans; use strategy 'optimal' (or a number of buckets)"
+        )
+    known = b.compile_seconds is not None and b.seconds_per_padded_token is not None
+    return choose_buckets(
+        lengths,
+        compile_seconds=b.compile_seconds if known else 0.0,
+        seconds_per_padded_token=b.seconds_per_padded_token if known else 1.0,
+        epochs=epochs if epochs is not None else training_epochs(lengths, cfg),
+        multiple_of=b.multiple_of,
+        max_length=cfg.data.max_length,
+        source="config" if known else "no compile cost",
     )
 
 
 def make_loader(
-    dataset: Any, cfg: Any, *, pad_token_id: int, dp_size: int = 1, seed: int = 0
+    dataset: Any, cfg: Any, *, pad_token_id: int, dp_size: int = 1, seed: int = 0, epochs: float | None = None
 ) -> tuple[torch.utils.data.DataLoader, BucketBatchSampler | None]:
     """The training loader for `cfg`: bucketed batches, or packed rows when ``cfg.bucketing.packing``.
 
@@ -142,7 +185,8 @@ def make_loader(
     `workbench.data.build_datasets`. Batch sizes: ``cfg.bucketing.tokens_per_batch`` when set,
     else ``cfg.train.batch_size``, rounded down to a multiple of ``dp_size``. The returned
     sampler (also ``loader.batch_sampler``) has ``batch_shapes()`` for prewarm, ``set_epoch``,
-    ``state_dict``/``load_state_dict`` and ``report()``.
+    ``state_dict``/``load_state_dict`` and ``report()``. `epochs`: passes the run makes over
+    `dataset`, for ``max_buckets: auto`` (default: `training_epochs`).
     """
     from torch.utils.data import DataLoader
 
@@ -189,8 +233,8 @@ def make_loader(
         collate: Callable[..., Any] = PackedCollator(pad_token_id, max_length)
         return DataLoader(RowDataset(rows), batch_sampler=sampler, collate_fn=collate), sampler
 
-    lengths = _lengths_of(dataset)
-    plan = plan_for_config(lengths, cfg)
+    lengths = dataset_lengths(dataset)
+    plan = plan_for_config(lengths, cfg, epochs=epochs)
     boundaries = plan.boundaries if plan is not None else None
     sampler = BucketBatchSampler(
         lengths,
@@ -202,6 +246,8 @@ def make_loader(
         multiple_of=b.multiple_of,
         **sizes,
     )
+    if plan is not None and plan.choice is not None:
+        sampler.notes["bucket_choice"] = plan.choice.summary()
     # multiple_of matters only without boundaries (strategy "none"): the collator rounds each
     # batch's longest member up to it, and the sampler must list those lengths for prewarm.
     collate = BucketCollator(pad_token_id, boundaries, max_length, multiple_of=b.multiple_of)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from workbench.backend import runtime
+from workbench.data.bucket_choice import BucketChoice
 from workbench.data.loader import make_loader
 from workbench.data.records import IGNORE_INDEX
 from workbench.data.sampler import BucketBatchSampler
@@ -126,14 +127,26 @@ class TrainingData:
         self.cfg, self.train_dataset, self.eval_dataset = cfg, train_dataset, eval_dataset
         self.pad_token_id, self.dp_size = pad_token_id, dp_size
         self.device, self.xla, self.batch_sharding = device, xla, batch_sharding
+        self.bucket_choice: BucketChoice | None = None
+        """With ``bucketing.max_buckets: auto``: how the training plan's number of shapes was chosen."""
 
     def loader(self, dataset: Any, batch_size: int) -> tuple[Any, BucketBatchSampler]:
         cfg = self.cfg
         if batch_size != cfg.train.batch_size:
             cfg = cfg.with_overrides({"train.batch_size": batch_size})
         return make_loader(
-            dataset, cfg, pad_token_id=self.pad_token_id, dp_size=self.dp_size, seed=cfg.train.seed
+            dataset,
+            cfg,
+            pad_token_id=self.pad_token_id,
+            dp_size=self.dp_size,
+            seed=cfg.train.seed,
+            epochs=None if dataset is self.train_dataset else self.eval_passes(),
         )
+
+    def eval_passes(self) -> float:
+        """Passes over the eval split in the run (for ``max_buckets: auto``; at least one)."""
+        train = self.cfg.train
+        return float(max(1, train.steps // train.eval_every)) if train.eval_every else 1.0
 
     def stream(self, batch_size: int, *, epoch: int, skip: int) -> DeviceStream:
         """Training batches at `batch_size` from batch `skip` of `epoch` on, endlessly."""

@@ -313,6 +313,7 @@ class Trainer:
         if self.checkpoints is not None and train.resume and self.checkpoints.latest() is not None:
             self.load_checkpoint()
         self.engine.init_state()
+        warmup.choose_auto_buckets(self.engine, self.data, self.loop.batch_size, self._notice)
         self._open_stream()
         self.ladder = batch_ladder(
             self.model, self.cfg, self.hw, mesh=self.mesh_spec, dp_size=self.dp_size, notice=self._notice

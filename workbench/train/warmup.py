@@ -6,15 +6,26 @@ real step on synthetic tokens. The model, objective, optimizer, scheduler and RN
 snapshotted to the host first and copied back *into* the live tensors after (keeping their
 device placement and sharding), so training continues exactly as it would have without the
 warm-up, and after it nothing compiles on a bucketed run.
+
+With ``bucketing.max_buckets: auto``, `choose_auto_buckets` first measures what one shape costs
+to compile and what a padded token costs to train, on the one shape every plan has (the full
+``data.max_length`` batch), and fixes both in the run's data config so every loader plans with
+them (`workbench.data.bucket_choice.choose_buckets`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from workbench.data.loader import prewarm, synthetic_batch
+from workbench.backend import runtime
+from workbench.data.bucket_choice import BucketChoice
+from workbench.data.buckets import round_up
+from workbench.data.loader import dataset_lengths, plan_for_config, prewarm, synthetic_batch
 from workbench.train.optim import restore_optimizer_scalars
 from workbench.train.state import model_state
 from workbench.train.state_io import capture_rng, flatten_state, host_tensors, restore_rng, unflatten_state
@@ -84,3 +95,69 @@ def compile_step_programs(
         prewarm(lambda batch: engine.train_step([batch] * grad_accum), shapes, make_batch)
         if evals:  # the eval split has its own bucket plan: compile its forward shapes too
             prewarm(lambda batch: engine.eval_loss([batch]), data.shapes(size, data.eval_dataset), make_batch)
+
+
+def measure_step_costs(
+    engine: StepEngine, data: TrainingData, *, batch_size: int, repeats: int = 3
+) -> dict[str, Any]:
+    """Compile seconds of one step shape and training seconds per padded token, measured on XLA on
+    the full-length shape (``batch_size`` x ``data.max_length`` rounded up to ``multiple_of``: the
+    last boundary of every plan, so warm-up reuses the program). The training state is restored
+    after. With gradient accumulation the first step also compiles the shape-independent update,
+    so the compile figure is then an upper bound."""
+    cfg = data.cfg
+    length = int(round_up(cfg.data.max_length, cfg.bucketing.multiple_of))
+    grad_accum = cfg.train.grad_accum
+    vocab = int(engine.model.get_input_embeddings().weight.shape[0])
+    fake = synthetic_batch((batch_size, length), vocab_size=vocab, pad_token_id=data.pad_token_id)
+    batch = data.to_device(fake)
+    snap = snapshot(engine)
+
+    def run_step() -> None:
+        out = engine.train_step([batch] * grad_accum)
+        runtime.sync()  # with the step's outputs alive, as the loop does: the loop's own program
+        del out
+
+    compiles, compile_s = runtime.compile_count(), runtime.compile_time_s()
+    run_step()
+    runtime.wait_device_ops()
+    compiled, compile_s = runtime.compile_count() - compiles, runtime.compile_time_s() - compile_s
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run_step()
+    runtime.wait_device_ops()
+    elapsed = time.perf_counter() - start
+    restore(engine, snap)
+    return {
+        "compile_seconds": max(compile_s, 1e-6),
+        "seconds_per_padded_token": max(elapsed, 1e-9) / (repeats * grad_accum * batch_size * length),
+        "shape": [batch_size, length],
+        "programs": compiled,
+        "timed_steps": repeats,
+    }
+
+
+def choose_auto_buckets(
+    engine: StepEngine, data: TrainingData, batch_size: int, notice: Callable[[str], None]
+) -> BucketChoice | None:
+    """For ``bucketing.max_buckets: auto``: on XLA, measure the costs the config leaves unset
+    (`measure_step_costs`) and fix them in ``data.cfg``; then keep the choice in ``data.bucket_choice``
+    and tell `notice` it in one line.
+    Off XLA nothing is measured: no compiles, so the plan with the fewest padded tokens."""
+    b = data.cfg.bucketing
+    if b.max_buckets != "auto" or b.packing or b.strategy == "none":
+        return None
+    measurement: dict[str, Any] = {}
+    if data.xla and (b.compile_seconds is None or b.seconds_per_padded_token is None):
+        measurement = measure_step_costs(engine, data, batch_size=batch_size)
+        unset = [k for k in ("compile_seconds", "seconds_per_padded_token") if getattr(b, k) is None]
+        data.cfg = data.cfg.with_overrides({f"bucketing.{k}": measurement[k] for k in unset})
+    plan = plan_for_config(dataset_lengths(data.train_dataset), data.cfg)
+    choice = plan.choice if plan is not None else None
+    if choice is None:
+        return None
+    if measurement:
+        choice = dataclasses.replace(choice, source="measured", extra=measurement)
+    data.bucket_choice = choice
+    notice(choice.describe())
+    return choice
