@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "info":
-            hw = detect(args.device_type)
-            print(hw.to_json() if args.json else hw.table())
+            print(_info(detect(args.device_type), as_json=args.json))
             return 0
         if args.command == "smoke":
             from workbench.smoke import run_smoke
@@ -78,6 +78,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 1
+
+
+def _info(hw: Any, *, as_json: bool) -> str:
+    """The detected hardware, and where the default config's compilation cache goes on it."""
+    import json
+
+    from workbench.backend.compile_cache import describe_compile_cache
+    from workbench.config import TrainConfig
+
+    rows = {**hw.to_dict(), "compile_cache": describe_compile_cache(TrainConfig().compile_cache_dir, hw)}
+    if as_json:
+        return json.dumps(rows, indent=2)
+    width = max(len(key) for key in rows)
+    return f"{hw.table()}\n{'compile_cache':<{width}}  {rows['compile_cache']}"
 
 
 def _generate(args: argparse.Namespace) -> int:
