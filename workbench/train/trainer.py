@@ -34,6 +34,7 @@ from workbench.analysis.flops import training_flops_per_token
 from workbench.analysis.metrics import IntervalMetrics, RunMetrics, perplexity
 from workbench.analysis.profiler import StepProfiler
 from workbench.backend import compile_log, runtime
+from workbench.backend.compile_cache import enable_compile_cache
 from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
@@ -137,7 +138,8 @@ class Trainer:
         train = cfg.train
         self.cfg, self.callbacks = cfg, list(callbacks)
         self.hw = hardware or detect(train.device_type)
-        self.notices: list[str] = [*self.hw.notices, *compile_log.start_run_log(self.hw.via_xla)]
+        self.compile_cache = cache = enable_compile_cache(train.compile_cache_dir, self.hw)  # before compiles
+        self.notices = [*self.hw.notices, *cache.notices, *compile_log.start_run_log(self.hw.via_xla)]
         self.xla = self.hw.via_xla
         self.mesh_spec = mesh_from_config(cfg.mesh, self.hw) if self.xla and cfg.mesh.enabled else None
         self.mesh = self.mesh_spec.build() if self.mesh_spec is not None else None
@@ -343,7 +345,7 @@ class Trainer:
             eval_loss=self.last_eval_loss,
             steps=self.loop.step,
             warmup_compiles=warm,
-            notices=list(self.notices),
+            notices=[*self.notices, *self.compile_cache.run_notices()],  # what the cache saved, read once
         )
 
     def _step(self, clock: ThroughputClock, bar: Any, warm: int) -> None:
