@@ -494,3 +494,48 @@ def test_without_a_memory_figure_the_axis_fits_the_estimate(lengths):
     bar = _memory_bar(panel.memory_figure)
     assert sum(bar["segments"]) / bar["top"] == pytest.approx(1 / 1.08)
     assert not bar["limit_labels"] and not bar["limit_shapes"]
+
+
+def test_auto_bucket_count_draws_the_trade_off_and_marks_the_choice(panel, lengths):
+    from workbench.data.bucket_choice import choose_buckets
+    from workbench.data.loader import training_epochs
+
+    panel.set(buckets_auto=True, measure_costs=False, compile_seconds=5.0, token_us=20.0)
+    cfg = panel.config
+    assert cfg.bucketing.max_buckets == "auto" and cfg.bucketing.compile_seconds == 5.0
+    assert cfg.bucketing.seconds_per_padded_token == pytest.approx(20e-6)
+    assert WorkbenchConfig.from_yaml(panel.yaml) == cfg and "max_buckets: auto" in panel.yaml
+    expected = choose_buckets(
+        lengths,
+        compile_seconds=5.0,
+        seconds_per_padded_token=20e-6,
+        epochs=training_epochs(lengths, cfg),
+        multiple_of=8,
+        max_length=256,
+    )
+    assert panel.plan.boundaries == expected.boundaries and panel.buckets.disabled
+    assert [s.x0 for s in panel.length_figure.layout.shapes] == expected.boundaries
+    compile_bar, steps_bar, star, slider_mark = panel.tradeoff_figure.data
+    assert list(compile_bar.y) == pytest.approx([5.0 * k for k in compile_bar.x])
+    totals = [c + s for c, s in zip(compile_bar.y, steps_bar.y)]
+    assert list(star.x) == [expected.num_shapes] and star.y[0] == pytest.approx(min(totals))
+    assert list(slider_mark.x) == []  # 'auto': no slider count to compare with
+    assert f"picks <b>{expected.num_shapes}</b> shapes" in panel.tradeoff_html.value
+    # dearer compiles never ask for more shapes; a browser moving the cost redraws the choice
+    before = panel.plan.num_shapes
+    panel.auto_buckets.compile_seconds.set_state({"value": 500.0})
+    assert panel.plan.num_shapes <= before and panel.bucket_choice.compile_seconds == 500.0
+    assert list(panel.tradeoff_figure.data[2].x) == [panel.plan.num_shapes]
+
+
+def test_a_fixed_bucket_count_is_compared_with_the_auto_choice(panel):
+    panel.set(buckets_auto=False, buckets=12, measure_costs=True, compile_seconds=30.0, token_us=1.0)
+    cfg = panel.config
+    assert cfg.bucketing.max_buckets == 12 and not panel.buckets.disabled
+    # "measure at run start": the config leaves both costs to the trainer
+    assert cfg.bucketing.compile_seconds is None and cfg.bucketing.seconds_per_padded_token is None
+    choice = panel.bucket_choice
+    mark = panel.tradeoff_figure.data[3]
+    assert list(mark.x) == [12] and mark.y[0] == pytest.approx(choice.predicted_seconds(12))
+    assert mark.y[0] >= choice.predicted_total_s  # the choice is the least predicted time
+    assert "would pick" in panel.tradeoff_html.value and "measures them" in panel.tradeoff_html.value

@@ -10,7 +10,10 @@ v5e-8). Every change redraws, live:
 - the largest global batch that fits (`workbench.analysis.batch.max_batch_size`);
 - the parameters that train (all of them, or the LoRA adapters);
 - the length histogram of the data with the planned bucket boundaries
-  (`workbench.data.buckets.plan_buckets`) and their padding efficiency;
+  (`workbench.data.buckets.plan_buckets`, or `choose_buckets` when the count is 'auto') and their
+  padding efficiency;
+- the compile-time trade-off: predicted run time against the number of shapes, compiling and
+  training stacked, the count 'auto' picks marked (`widgets.bucket_tradeoff`);
 - the resulting config object (`.config`) and its YAML (`.yaml`).
 
 This module holds the controls, their wiring and the panel's state; the figures and readouts
@@ -34,6 +37,7 @@ from typing import Any, get_args, get_type_hints
 import ipywidgets as ipw
 import numpy as np
 
+from widgets.bucket_tradeoff import AutoBucketControls, draw_tradeoff, new_tradeoff_figure, tradeoff_readout
 from widgets.config_figures import (
     bucket_readout,
     draw_bucket_plan,
@@ -103,6 +107,8 @@ class ConfigPanel:
         self.estimate: Any = None
         self.largest_batch: int | None = None
         self.plan: Any = None
+        self.bucket_choice: Any = None
+        """The 'auto' choice for the current settings (a `BucketChoice`), drawn as the trade-off."""
         self._suspended = False
         self.lengths = self._load_lengths(lengths)
         self._build_controls(resolve_target(target))
@@ -207,10 +213,12 @@ class ConfigPanel:
         )
         self.mesh = ipw.Dropdown(description="Mesh axes", style=style, layout=wide)
         self._set_mesh_options(target.num_devices, preferred=(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model))
+        fixed = cfg.bucketing.max_buckets if cfg.bucketing.max_buckets != "auto" else 4
+        self.auto_buckets = AutoBucketControls(cfg.bucketing, style=style, layout=wide)
         self.buckets = ipw.IntSlider(
-            value=cfg.bucketing.max_buckets,
+            value=fixed,
             min=1,
-            max=max(16, cfg.bucketing.max_buckets),
+            max=max(16, fixed),
             description="Buckets",
             style=style,
             layout=wide,
@@ -240,11 +248,13 @@ class ConfigPanel:
         self.max_batch_html = ipw.HTML().add_class("wb-max-batch")
         self.trainable_html = ipw.HTML().add_class("wb-trainable")
         self.buckets_html = ipw.HTML().add_class("wb-bucket-efficiency")
+        self.tradeoff_html = ipw.HTML().add_class("wb-bucket-tradeoff")
         self.error_html = ipw.HTML().add_class("wb-error")
         self.yaml_html = ipw.HTML().add_class("wb-yaml")
 
         self.memory_figure = new_memory_figure()
         self.length_figure = new_length_figure(self.lengths)
+        self.tradeoff_figure = new_tradeoff_figure()
 
     def _wire(self) -> None:
         for w in (
@@ -258,6 +268,7 @@ class ConfigPanel:
             self.lora_rank,
             self.mesh,
             self.buckets,
+            *self.auto_buckets.widgets,
         ):
             w.observe(self._on_change, names="value")
         self.target_choice.observe(self._on_target, names="value")
@@ -302,7 +313,7 @@ class ConfigPanel:
             "train.gradient_checkpointing": self.checkpointing.value,
             "lora.rank": self.lora_rank.value,
             "data.max_length": self.seq_len.value,
-            "bucketing.max_buckets": self.buckets.value,
+            **self.auto_buckets.overrides(self.buckets.value),
             "mesh.data": data,
             "mesh.fsdp": fsdp,
             "mesh.model": model,
@@ -329,16 +340,34 @@ class ConfigPanel:
             lora_targets=cfg.lora.target_modules,
         )
 
-    def _bucket_plan(self, cfg: WorkbenchConfig) -> Any:
+    def _bucket_plan(self, cfg: WorkbenchConfig) -> tuple[Any, Any]:
+        """The plan to preview and the 'auto' choice (a `BucketChoice`, drawn whatever the count)."""
         if self.lengths is None:
-            return None
+            return None, None
+        from workbench.data.bucket_choice import choose_buckets
         from workbench.data.buckets import STRATEGIES, plan_buckets
+        from workbench.data.loader import training_epochs
 
         b = cfg.bucketing
         # "none" (pad each batch to its longest) and packing have no boundaries to preview:
         # show what the planned buckets would be. (So not `plan_for_config`, which
         # returns None for those.)
         strategy = b.strategy if b.strategy in STRATEGIES else "optimal"
+        compile_s, token_s = self.auto_buckets.costs()
+        epochs = training_epochs(self.lengths, cfg)
+        auto_key = ("auto", b.multiple_of, cfg.data.max_length, compile_s, token_s, epochs)
+        if auto_key not in self._plan_cache:
+            self._plan_cache[auto_key] = choose_buckets(
+                self.lengths,
+                compile_seconds=compile_s,
+                seconds_per_padded_token=token_s,
+                epochs=epochs,
+                multiple_of=b.multiple_of,
+                max_length=cfg.data.max_length,
+            )
+        chosen = self._plan_cache[auto_key]
+        if b.max_buckets == "auto":
+            return chosen, chosen.choice
         key = (b.max_buckets, b.multiple_of, cfg.data.max_length, strategy)
         if key not in self._plan_cache:
             self._plan_cache[key] = plan_buckets(
@@ -348,7 +377,7 @@ class ConfigPanel:
                 max_length=cfg.data.max_length,
                 strategy=strategy,
             )
-        return self._plan_cache[key]
+        return self._plan_cache[key], chosen.choice
 
     def config_for(self, hw: HardwareInfo) -> WorkbenchConfig:
         """The config to train with on `hw`: the panel's, with the mesh re-planned for `hw`'s devices
@@ -397,8 +426,8 @@ class ConfigPanel:
                     **kwargs,
                 )
             )
-            plan = self._bucket_plan(cfg)
-            self._draw(cfg, limit, estimate, largest, plan)
+            plan, choice = self._bucket_plan(cfg)
+            self._draw(cfg, limit, estimate, largest, plan, choice)
         except Exception as err:  # shown in the panel, never raised out of a widget observer
             # A ConfigError (or ValueError) message already says what to change; others need their type.
             self.error = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
@@ -408,13 +437,13 @@ class ConfigPanel:
             return
         self.error = None
         self._config = cfg
-        self.estimate, self.largest_batch, self.plan = estimate, largest, plan
+        self.estimate, self.largest_batch, self.plan, self.bucket_choice = estimate, largest, plan, choice
         self.redraw_ms.append(1000 * (time.perf_counter() - start))
         for callback in self._callbacks:
             callback(cfg)
 
     def _draw(
-        self, cfg: WorkbenchConfig, limit: int | None, est: Any, largest: int | None, plan: Any
+        self, cfg: WorkbenchConfig, limit: int | None, est: Any, largest: int | None, plan: Any, choice: Any
     ) -> None:
         fits = None if limit is None else est.fits(limit, headroom=self.headroom)
         self.estimate_html.value = estimate_readout(est.total_bytes, limit, self.target.label)
@@ -427,6 +456,13 @@ class ConfigPanel:
         self.buckets_html.value = bucket_readout(plan, self._lengths_error)
         if plan is not None:
             draw_bucket_plan(self.length_figure, plan)
+        auto = cfg.bucketing.max_buckets == "auto"
+        self.buckets.disabled = auto  # 'auto' decides the count
+        if choice is not None:
+            draw_tradeoff(self.tradeoff_figure, choice, None if auto else cfg.bucketing.max_buckets)
+            self.tradeoff_html.value = tradeoff_readout(
+                choice, auto=auto, measured=self.auto_buckets.measure.value
+            )
 
     # ---- layout --------------------------------------------------------------------
     @property
@@ -444,6 +480,7 @@ class ConfigPanel:
                 self.lora_rank,
                 self.mesh,
                 self.buckets,
+                *self.auto_buckets.widgets,
             ]
         )
 
@@ -458,6 +495,7 @@ class ConfigPanel:
                     self.max_batch_html,
                     self.trainable_html,
                     self.buckets_html,
+                    self.tradeoff_html,
                     self.error_html,
                 ]
             )
@@ -467,6 +505,7 @@ class ConfigPanel:
                     ipw.HBox([self.controls, readouts]),
                     self.memory_figure,
                     self.length_figure,
+                    self.tradeoff_figure,
                     yaml_box,
                 ]
             )
@@ -478,7 +517,8 @@ class ConfigPanel:
         display(self.widget)
 
     def set(self, **values: Any) -> ConfigPanel:
-        """Set controls by name in Python (batch_size=16, seq_len=512, buckets=6, ...); returns self."""
+        """Set controls by name in Python (batch_size=16, seq_len=512, buckets=6, buckets_auto=True, ...);
+        returns self."""
         names = {
             "target": self.target_choice,
             "model_size": self.model_size,
@@ -491,6 +531,10 @@ class ConfigPanel:
             "lora_rank": self.lora_rank,
             "mesh": self.mesh,
             "buckets": self.buckets,
+            "buckets_auto": self.auto_buckets.auto,
+            "measure_costs": self.auto_buckets.measure,
+            "compile_seconds": self.auto_buckets.compile_seconds,
+            "token_us": self.auto_buckets.token_us,
         }
         for key, value in values.items():
             if key not in names:
