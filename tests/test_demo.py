@@ -214,8 +214,9 @@ dash({"step": 1, "loss": 2.0, "tokens_per_s": 1000.0, "step_time_s": 0.1, "compi
 display(go.FigureWidget(go.Scatter(x=[1, 2], y=[3, 4])))
 dash""",
     )
-    assert demo.run_demo(tmp_path / "reports", notebook=nb, screenshot=False) == 0
+    status = demo.run_demo(tmp_path / "reports", notebook=nb, screenshot=False)
     terminal = capfd.readouterr()
+    assert status == 0, terminal.out + terminal.err
     assert "wrote" in terminal.out
     assert_quiet(terminal.out + terminal.err)
 
@@ -226,8 +227,9 @@ def test_the_quickstart_demo_is_quiet(tmp_path, capfd, monkeypatch):
     checks what the quickstart computes; here only what reaches the terminal)."""
     monkeypatch.chdir(tmp_path)
     parameters = {"steps": 6, "log_every": 3, "max_examples": 300, "save_dir": None}
-    assert demo.run_demo("reports", parameters=parameters, screenshot=False) == 0
+    status = demo.run_demo("reports", parameters=parameters, screenshot=False)
     terminal = capfd.readouterr()
+    assert status == 0, terminal.out + terminal.err
     assert (tmp_path / "reports" / "quickstart.html").is_file()
     assert_quiet(terminal.out + terminal.err)
 
