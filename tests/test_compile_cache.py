@@ -145,6 +145,22 @@ def test_a_directory_that_cannot_be_written_is_a_clear_error(tmp_path: Path) -> 
         locked.chmod(0o700)
 
 
+@pytest.mark.skipif(
+    not Path("/sys/kernel").is_dir(), reason="needs Linux's sysfs, which nobody can write into"
+)
+def test_a_read_only_filesystem_is_a_clear_error_even_for_root() -> None:
+    with pytest.raises(ConfigError) as err:
+        enable_compile_cache("/sys/workbench-cache", _hw("cpu", chip="cpu"))
+    message = str(err.value)
+    assert message.startswith(
+        "train.compile_cache_dir='/sys/workbench-cache' is not allowed: /sys/workbench-cache/"
+    )
+    assert (
+        "cannot be created or written" in message
+        and "a directory this process can create and write" in message
+    )
+
+
 def test_prepare_creates_the_directory_and_leaves_nothing_behind(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b"
     assert prepare_cache_dir(target, str(tmp_path / "a")) == target

@@ -1,4 +1,4 @@
-"""A short Trainer run with ``train.compile_cache_dir`` set, on one XLA:CPU device
+"""A short Trainer run with ``train.compile_cache_dir`` set (None: no cache), on one XLA:CPU device
 (tests/test_compile_cache.py runs it twice on one directory: two sessions sharing a cache).
 
 ``compile_first`` compiles a small program before the Trainer exists, as a notebook's earlier
@@ -18,7 +18,7 @@ from workbench.backend import runtime
 from workbench.train import Trainer
 
 
-def main(cache_dir: str, compile_first: bool = False, steps: int = 2) -> dict[str, Any]:
+def main(cache_dir: str | None, compile_first: bool = False, steps: int = 2) -> dict[str, Any]:
     if compile_first:
         earlier_cell = (torch.ones(3, device=runtime.device()) * 2).sum()
         runtime.sync()  # compiles the program that computes it (kept alive, so it is not dropped)
@@ -34,7 +34,10 @@ def main(cache_dir: str, compile_first: bool = False, steps: int = 2) -> dict[st
     trainer = Trainer(cfg, train_dataset=token_dataset(16))
     result = trainer.fit()
     cache = trainer.compile_cache
-    files = sorted(str(p.relative_to(cache_dir)) for p in Path(cache_dir).rglob("*") if p.is_file())
+    root = Path(cache_dir) if cache_dir is not None else None
+    files = (
+        sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root is not None else []
+    )
     return {
         "active": cache.active,
         "directory": str(cache.directory) if cache.directory is not None else None,
@@ -42,6 +45,7 @@ def main(cache_dir: str, compile_first: bool = False, steps: int = 2) -> dict[st
         "notices": result.notices,
         "files": files,
         "compiles": runtime.compile_count(),
+        "compile_s": runtime.compile_time_s(),
         "steps": result.steps,
         "final_loss": result.final_loss,
     }
