@@ -115,7 +115,7 @@ def prepare_cache_dir(path: Path, setting: str) -> Path:
     else:
         try:
             path.mkdir(parents=True, exist_ok=True)
-            # os.access says yes to root on a read-only mount: write a real file instead
+            # os.access ignores permission bits for root: only writing a real file is a sure check
             with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
                 pass
             return path
