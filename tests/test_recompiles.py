@@ -197,6 +197,10 @@ def test_tracker_describes_each_recompile_in_one_line(tmp_path, monkeypatch):
         "step); 2 programs compiled at tests/xla/recompile_loop.py:73 (main), tests/xla/recompile_loop.py:79 (main)"
     )
     assert tracker.observe(10, (), 1, records[:1]).describe().startswith("step 10: input shapes not recorded")
+    silent = tracker.observe(11, input_signatures(batch(64)), 1, ())  # the log is on but holds no analysis
+    assert "input_ids, labels (4, 48) → (4, 64) int64; compiled with no frame in torch_xla's compile log" in (
+        silent.describe()
+    )
     off = RecompileTracker().observe(2, input_signatures(batch(16)), 1, log_on=False)
     assert off.describe() == (
         "step 2: first step seen, inputs input_ids (4, 16) int64, labels (4, 16) int64; compiled at an unknown "

@@ -266,7 +266,10 @@ class Recompile:
             )
         frames = self.frames
         if not frames:
-            return f"{count}compiled with no Python frame in torch_xla's analysis"
+            return (
+                f"{count}compiled with no frame in torch_xla's compile log (it names none for a compile "
+                "without a Python frame, and writes none off the first local process)"
+            )
         causes = {r.cause for r in self.records if r.cause and SYNC_CAUSE not in r.cause}
         why = f" (torch_xla: {'; '.join(sorted(causes))})" if causes else ""
         return f"{count}compiled at {', '.join(map(frame_text, frames))}{why}"
