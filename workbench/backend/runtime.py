@@ -21,7 +21,7 @@ What the rest of the package may ask of the backend:
   `local_shard_shapes`, `local_shard_indices`
 - measurement: `compile_count`, `compile_time_s`, `transfer_count`, `execute_count`,
   `metrics_snapshot`, `clear_metrics`, `metrics_report`, `memory_info`
-- compiling: `compile_only`, `initialize_compile_cache`, `scan_layers`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
+- compiling: `compile_only`, `initialize_compile_cache`, `scan_layers`, `scan`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
 - training: `gradient_checkpoint_function`, `rng_state`, `set_rng_state`,
   `spmd_save_planner`, `spmd_load_planner` (sharded checkpoints)
 - profiler: `profiler` (the module; TPU traces)
@@ -484,7 +484,36 @@ def scan_layers(layers: Sequence[Any], carry: Any, *, remat: bool = False) -> An
     from torch_xla.experimental.scan_layers import scan_layers as xla_scan_layers
 
     partition = min_cut_rematerialization_partition if remat else default_partition
+    _scan_backward_without_jax()
     return xla_scan_layers(list(layers), carry, partition_fn=partition)
+
+
+def scan(fn: Callable[..., Any], init: Any, xs: Any, *, remat: bool = False, pure: bool = False) -> Any:
+    """torch_xla's ``scan``: ``fn(carry, x) -> (carry, y)`` over the leading axis of `xs` as one
+    traced loop body; returns ``(carry, ys)``. ``remat``: as in `scan_layers`. ``pure``: `fn` has no
+    side effects, so its trace is cached on the function object (pass the same object each call)."""
+    from functorch.compile import default_partition, min_cut_rematerialization_partition
+    from torch_xla.experimental.scan import scan as xla_scan
+
+    partition = min_cut_rematerialization_partition if remat else default_partition
+    _scan_backward_without_jax()
+    return xla_scan(fn, init, xs, partition_fn=partition, is_fn_pure=pure)
+
+
+def _scan_backward_without_jax() -> None:
+    """Under SPMD torch_xla's scan backward ties each gradient's sharding to its input's with
+    jax's ``shard_alike``, and fails where jax is not installed (XLA:CPU here); then the
+    gradients are left to XLA's sharding propagation instead (same values)."""
+    import importlib.util
+
+    import torch_xla.experimental.scan as xla_scan_module
+
+    if importlib.util.find_spec("jax") is None:
+        xla_scan_module._backward_shard_alike = _backward_unconstrained
+
+
+def _backward_unconstrained(carry: Any, x: Any, backward: Callable[..., Any], init: Any, xs: Any) -> Any:
+    return backward(carry, x)
 
 
 def gradient_checkpoint_function() -> Callable[..., Any]:

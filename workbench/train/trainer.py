@@ -39,6 +39,7 @@ from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
 from workbench.models.build import build_model, enable_gradient_checkpointing, no_kv_cache
+from workbench.models.scan import check_scannable, install_scan, scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
 from workbench.train import warmup
@@ -164,7 +165,7 @@ class Trainer:
         if model is None:
             vocab = len(self.tokenizer) if self.tokenizer is not None else None
             model = build_model(cfg.model, vocab_size=vocab, seed=train.seed)
-        self.model = prepare_model(model, train, xla=self.xla, lora=cfg.lora)
+        self.model = prepare_model(model, train, xla=self.xla, lora=cfg.lora, scan=cfg.model.scan_layers)
         self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher = teacher
         self.objective = build_objective(self.model, teacher, train, mesh=self.mesh, device=self.device)
@@ -310,7 +311,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Resume if asked, warm up, then train until `train.steps` optimizer steps are done."""
         train = self.cfg.train
-        for message in precision_notices(train, self.hw):
+        for message in precision_notices(train, self.hw) + scan_notices(self.cfg.model, xla=self.xla):
             self._notice(message)
         if self.checkpoints is not None and train.resume and self.checkpoints.latest() is not None:
             self.load_checkpoint()
@@ -416,17 +417,25 @@ class Trainer:
         self._notice(f"dynamic batch: step {loop.step}: batch {old} -> {loop.batch_size}")
 
 
-def prepare_model(model: torch.nn.Module, train: Any, *, xla: bool, lora: Any = None) -> torch.nn.Module:
+def prepare_model(
+    model: torch.nn.Module, train: Any, *, xla: bool, lora: Any = None, scan: bool = False
+) -> torch.nn.Module:
     """Precision, no KV cache (training never decodes), gradient checkpointing: as `train` says; then,
-    with ``lora.rank > 0``, the LoRA model (frozen base, seeded adapters: `workbench.train.lora`).
+    with ``lora.rank > 0``, the LoRA model (frozen base, seeded adapters: `workbench.train.lora`);
+    then, with `scan` on XLA, the decoder stack scanned (`workbench.models.scan`; checked on every
+    backend, a no-op off XLA), whose rematerialisation is the gradient checkpointing.
     Runs on the host, before the model is placed on its device or mesh."""
     if train.precision == "bf16":
         model.to(torch.bfloat16)
     no_kv_cache(model)  # a model handed in did not come through build_model
-    if train.gradient_checkpointing:
+    if scan:
+        check_scannable(model)
+    if train.gradient_checkpointing and not (scan and xla):
         enable_gradient_checkpointing(model, xla=xla)
     if lora is not None and lora.rank > 0:
         model = apply_lora(model, lora, seed=train.seed)
+    if scan and xla:  # after LoRA: the scanned layers hold the adapters
+        install_scan(model, remat=train.gradient_checkpointing)
     return model
 
 

@@ -1,0 +1,91 @@
+"""Scanned against unrolled decoder stacks on one XLA:CPU device (tests/test_scan.py).
+
+The same tiny model (same seed, fp32) is prepared twice by the trainer's `prepare_model`, once
+with ``scan=True`` (`workbench.models.scan`) and once without, then trained `steps` AdamW
+steps by the same hand-written step (forward with an attention mask, the model's own loss,
+backward, optimizer step, one sync). Reported for each: the losses, the programs compiled,
+which decoder layers' trainable parameters moved, the state_dict keys; for the scanned one,
+whether the scan is installed and whether transformers' own per-layer checkpointing is off.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tests.tiny import tiny
+from tests.xla import run
+from workbench.backend import runtime
+from workbench.config import WorkbenchConfig
+from workbench.models.build import build_model
+from workbench.models.inputs import model_inputs
+from workbench.models.scan import scanned_layers
+from workbench.train.trainer import prepare_model
+
+BATCH, LENGTH = 2, 24
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder().layers
+
+
+def train(family: str, layers: int, steps: int, *, scan: bool, remat: bool, lora: bool) -> dict[str, Any]:
+    overrides = {"train.gradient_checkpointing": remat, "train.seed": 0}
+    if lora:
+        overrides.update({"lora.rank": 4, "lora.alpha": 8})
+    cfg = WorkbenchConfig().with_overrides(overrides)
+    model = build_model(tiny(family, num_layers=layers), seed=0)
+    model = prepare_model(model, cfg.train, xla=True, lora=cfg.lora, scan=scan)
+    dev = runtime.device()
+    model.to(dev)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2, foreach=False)
+    before = [
+        {n: p.detach().cpu().clone() for n, p in layer.named_parameters() if p.requires_grad}
+        for layer in decoder_layers(model)
+    ]
+    ids = torch.randint(3, 500, (BATCH, LENGTH), generator=torch.Generator().manual_seed(1)).to(dev)
+    compiles = runtime.compile_count()
+    losses = []
+    for _ in range(steps):
+        batch = {"input_ids": ids}
+        loss = model(**model_inputs(batch, model), labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+        runtime.sync()
+    compiles = runtime.compile_count() - compiles
+    moved = []
+    for layer, start in zip(decoder_layers(model), before):
+        now = dict(layer.named_parameters())
+        moved.append(all(not torch.equal(now[n].detach().cpu(), start[n]) for n in start))
+    stack = scanned_layers(model)
+    return {
+        "losses": [float(v) for v in runtime.to_cpu(losses)],
+        "compiles": compiles,
+        "layers_moved": moved,
+        "trainable_per_layer": len(before[0]),
+        "state_dict_keys": sorted(model.state_dict()),
+        "scanned": stack is not None,
+        "remat": bool(stack.remat) if stack is not None else None,
+        "hf_checkpointing": any(getattr(m, "gradient_checkpointing", False) for m in decoder_layers(model)),
+    }
+
+
+def main(
+    family: str = "llama", layers: int = 4, steps: int = 3, remat: bool = False, lora: bool = False
+) -> dict:
+    kwargs = dict(remat=remat, lora=lora)
+    return {
+        "unrolled": train(family, layers, steps, scan=False, **kwargs),
+        "scanned": train(family, layers, steps, scan=True, **kwargs),
+    }
+
+
+if __name__ == "__main__":
+    run(main)

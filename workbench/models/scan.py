@@ -1,0 +1,369 @@
+"""Scan over layers: run a causal LM's decoder stack as one compiled layer on XLA (``model.scan_layers``).
+
+Unrolled, an XLA training step holds a copy of the decoder layer's forward and backward for
+every layer, so compile time grows with depth. Scanned, the step holds one copy inside an XLA
+``While`` loop over the stacked layer weights (torch_xla's ``scan``, through the runtime seam),
+and compile time stays about flat in the number of layers.
+
+How it hooks in without changing the model: the decoder families' forward loops over
+``self.layers[: self.config.num_hidden_layers]`` (Llama, Qwen2/3, Mistral, Gemma 1/2/3, Phi-3
+in transformers 5). `install_scan` swaps that ``ModuleList``'s class for `ScannedLayers`,
+whose full slice yields a single callable (`_ScanRun`) that runs every layer. The modules,
+their names, the state_dict keys, LoRA target names and sharding rules stay exactly as they
+were; `uninstall_scan` swaps the class back.
+
+One scanned layer call: the layer's keyword tensors (the attention mask, the rotary
+``(cos, sin)``, the position ids) ride in the scan's carry next to the hidden states and come
+out unchanged (a carry must be floating point, so integer and boolean tensors travel as float32
+and are cast back inside the layer); the non-tensor keywords (``use_cache=False``, ``None``)
+are baked into the traced layer. Each layer's parameters and buffers are stacked along a new
+leading axis and scanned over. The layer is called through ``forward`` (not ``__call__``), so
+transformers' per-layer gradient checkpointing never wraps it inside the scan; gradient
+checkpointing is the scan's own rematerialisation instead (``remat=True``: min-cut partition).
+
+The traced layer is cached per `ScannedLayers` (torch_xla's ``is_fn_pure``), keyed on the
+keyword structure, the static keyword values, ``remat`` and the layers' Python state (training
+mode, peft adapters active/merged/disabled), so a step re-traces nothing in Python and a change
+of mode or adapter state traces afresh. The cache dies with the model.
+
+A call the scan cannot take runs the plain unrolled loop instead: a call on non-XLA tensors
+(the model moved to the CPU), a KV cache or another non-tensor object among the keywords
+(generation), or transformers capturing per-layer outputs (``output_hidden_states``).
+
+What cannot be scanned raises `ScanLayersError` at install, naming ``model.scan_layers``, the
+family and the reason: a family whose forward does not loop over that slice (GPT-2 iterates
+``self.h``), or layers that are not identical: different parameter shapes, or different Python
+attributes such as Gemma 2/3's and Qwen's mix of sliding-window and full attention layers
+(``config.layer_types``).
+
+Off XLA (plain CPU or CUDA) ``model.scan_layers`` is a no-op: the math is the same unrolled,
+and `scan_notices` says so once, so one config runs everywhere.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.config import ConfigError
+
+LOOP_SOURCE = "self.layers[: self.config.num_hidden_layers]"
+"""The slice the decoder families' forward loops over; `ScannedLayers` answers it with one scanned call."""
+_LAYER_INDEX_ATTRIBUTES = frozenset({"layer_idx", "layer_index"})
+"""Per-layer attributes that only index a KV cache: training (no cache) never reads them."""
+_STATIC_TYPES = (type(None), bool, int, float, str)
+"""Keyword values baked into the traced layer; any other non-tensor object means no scan."""
+
+
+class ScanLayersError(ConfigError):
+    """``model.scan_layers`` asked of a model whose decoder stack cannot be scanned."""
+
+
+# ---- installing ---------------------------------------------------------------------------------
+
+
+def install_scan(model: nn.Module, *, remat: bool = False) -> ScannedLayers:
+    """Make `model`'s decoder stack run as one scanned layer on XLA; returns its `ScannedLayers`.
+
+    `model` is a `transformers` causal LM or a peft model around one. ``remat`` recomputes each
+    layer's activations in the backward pass (the scanned gradient checkpointing). Installing
+    twice updates ``remat``. Raises `ScanLayersError` when the stack cannot be scanned.
+    """
+    layers = check_scannable(model)
+    if not isinstance(layers, ScannedLayers):
+        layers.__class__ = ScannedLayers
+    assert isinstance(layers, ScannedLayers)
+    layers.__dict__["_scan_remat"] = bool(remat)
+    layers.__dict__["_scan_traces"] = {}
+    return layers
+
+
+def check_scannable(model: nn.Module) -> nn.ModuleList:
+    """The decoder ``ModuleList`` `install_scan` would scan; raises `ScanLayersError` naming the
+    family and the reason when the stack cannot be scanned (on any backend, so a config that
+    will fail on a TPU fails on a laptop too)."""
+    family = _family(model)
+    decoder = _decoder(model)
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not isinstance(layers, nn.Module) or len(layers) == 0:
+        raise _error(family, f"{type(decoder).__name__} has no decoder ModuleList at `.layers`")
+    if LOOP_SOURCE not in _forward_source(type(decoder)):
+        raise _error(
+            family,
+            f"{type(decoder).__name__}.forward does not loop over `{LOOP_SOURCE}`, the call the scan replaces",
+        )
+    check_identical_layers(list(layers), family)
+    check_uniform_layer_types(getattr(decoder, "config", None), family)
+    return layers
+
+
+def uninstall_scan(model: nn.Module) -> None:
+    """Undo `install_scan`: the decoder stack runs unrolled again (no-op when not installed)."""
+    layers = getattr(_decoder(model), "layers", None)
+    if isinstance(layers, ScannedLayers):
+        layers.__class__ = nn.ModuleList
+        for key in ("_scan_remat", "_scan_traces"):
+            layers.__dict__.pop(key, None)
+
+
+def scanned_layers(model: nn.Module) -> ScannedLayers | None:
+    """The model's installed `ScannedLayers`, or None when its stack runs unrolled."""
+    layers = getattr(_decoder(model), "layers", None)
+    return layers if isinstance(layers, ScannedLayers) else None
+
+
+def scan_notices(model_cfg: Any, *, xla: bool) -> list[str]:
+    """What a run says about ``model.scan_layers`` on its backend: off XLA it is a no-op."""
+    if getattr(model_cfg, "scan_layers", False) and not xla:
+        return ["model.scan_layers=true is a no-op off XLA: the layers run unrolled (same math)"]
+    return []
+
+
+def check_identical_layers(layers: list[nn.Module], family: str) -> None:
+    """Raise `ScanLayersError` unless every layer has layer 0's parameter names and shapes and
+    the same Python attributes (apart from its index), module by module."""
+    reference = _layer_signature(layers[0])
+    for index, layer in enumerate(layers[1:], start=1):
+        signature = _layer_signature(layer)
+        for key in sorted(set(reference) | set(signature), key=str):
+            if reference.get(key) != signature.get(key):
+                where, what = key
+                name = f"{where}.{what}" if where else what
+                raise _error(
+                    family,
+                    f"layer {index} differs from layer 0 at {name}: {signature.get(key)!r} vs "
+                    f"{reference.get(key)!r}; a scan runs one traced layer for all, so they must be identical",
+                )
+
+
+def check_uniform_layer_types(config: Any, family: str) -> None:
+    """Raise `ScanLayersError` when ``config.layer_types`` mixes attention types (sliding and full):
+    the forward picks layer 0's mask for the one scanned call."""
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    if len(set(layer_types)) > 1:
+        counts = {kind: layer_types.count(kind) for kind in dict.fromkeys(layer_types)}
+        raise _error(
+            family,
+            f"config.layer_types mixes attention types {counts}; every scanned layer gets one mask",
+        )
+
+
+def _layer_signature(layer: nn.Module) -> dict[tuple[str, str], Any]:
+    signature: dict[tuple[str, str], Any] = {}
+    for where, module in layer.named_modules():
+        signature[(where, "<class>")] = type(module).__name__
+        for name, value in vars(module).items():
+            if name.startswith("_") or name in _LAYER_INDEX_ATTRIBUTES or name == "training":
+                continue
+            if isinstance(value, (*_STATIC_TYPES, tuple)):
+                signature[(where, name)] = value
+        for name, param in module.named_parameters(recurse=False):
+            signature[(where, name)] = (tuple(param.shape), param.dtype, param.requires_grad)
+        for name, buffer in module.named_buffers(recurse=False):
+            signature[(where, name)] = (tuple(buffer.shape), buffer.dtype)
+    return signature
+
+
+def _family(model: nn.Module) -> str:
+    config = getattr(_unwrap(model), "config", None)
+    return str(getattr(config, "model_type", type(model).__name__))
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    get_base = getattr(model, "get_base_model", None)  # a peft model
+    return get_base() if callable(get_base) else model
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    base = _unwrap(model)
+    get_decoder = getattr(base, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    return decoder if isinstance(decoder, nn.Module) else getattr(base, "model", base)
+
+
+def _forward_source(cls: type) -> str:
+    try:
+        return inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return ""
+
+
+def _error(family: str, why: str) -> ScanLayersError:
+    return ScanLayersError(
+        f"model.scan_layers=True is not allowed for family {family!r}: {why}. Set model.scan_layers: false"
+    )
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+class ScannedLayers(nn.ModuleList):
+    """A decoder ``ModuleList`` whose full slice is one scanned call (see the module docstring).
+
+    Indexing, iteration, ``len``, names and the state_dict are the ``ModuleList``'s own; only
+    ``layers[:n]`` with ``n >= len(layers)`` (the forward's loop) returns ``[_ScanRun]``.
+    """
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if (start, stop, step) == (0, len(self), 1):
+                return [_ScanRun(self)]
+            return nn.ModuleList(list(self._modules.values())[index])
+        return super().__getitem__(index)
+
+    @property
+    def remat(self) -> bool:
+        """Whether the scan recomputes activations in the backward pass (gradient checkpointing)."""
+        return bool(self.__dict__.get("_scan_remat", False))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy (deepcopy, pickle) traces afresh: the cached functions call this object's layer 0
+        state = dict(self.__dict__)
+        state["_scan_traces"] = {}
+        return state
+
+    def traced_layer(
+        self, key: tuple[Any, ...], build: Callable[[], Callable[..., Any]]
+    ) -> Callable[..., Any]:
+        """The cached per-layer function for `key` (built once): the same object each call, so
+        torch_xla's scan reuses its trace."""
+        traces: dict[tuple[Any, ...], Callable[..., Any]] = self.__dict__.setdefault("_scan_traces", {})
+        if key not in traces:
+            traces[key] = build()
+        return traces[key]
+
+
+class _LayerForward(nn.Module):
+    """Calls a decoder layer's ``forward`` (never its ``__call__``: no hooks, no HF checkpointing)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        out = self.layer.forward(hidden_states, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class _ScanRun:
+    """The one "layer" the forward's loop sees: runs every layer, scanned when it can."""
+
+    def __init__(self, layers: ScannedLayers) -> None:
+        self.layers = layers
+
+    def __call__(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args or not _scannable(hidden_states, kwargs):
+            for layer in self.layers._modules.values():
+                hidden_states = layer(hidden_states, *args, **kwargs)
+            return hidden_states
+        return _run_scanned(self.layers, hidden_states, kwargs)
+
+
+def _scannable(hidden_states: torch.Tensor, kwargs: dict[str, Any]) -> bool:
+    from workbench.backend import runtime
+
+    if not runtime.is_xla_tensor(hidden_states) or _capturing_outputs():
+        return False
+    for value in kwargs.values():
+        if isinstance(value, tuple) and all(isinstance(v, torch.Tensor) for v in value):
+            continue
+        if not isinstance(value, (torch.Tensor, *_STATIC_TYPES)):
+            return False
+    return True
+
+
+def _capturing_outputs() -> bool:
+    """Whether transformers is collecting per-layer outputs (``output_hidden_states`` and the
+    like) through hooks on the layers, which a scanned call would never fire."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:
+        return False
+    return bool(_active_collector.get())
+
+
+def _run_scanned(layers: ScannedLayers, hidden_states: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    from workbench.backend import runtime
+
+    static = tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, _STATIC_TYPES)))
+    tensor_names = tuple(k for k in kwargs if not isinstance(kwargs[k], _STATIC_TYPES))
+    carried: list[torch.Tensor] = []
+    layout: list[tuple[str, int, tuple[torch.dtype, ...]]] = []
+    for name in tensor_names:
+        value = kwargs[name]
+        tensors = list(value) if isinstance(value, tuple) else [value]
+        layout.append(
+            (name, len(tensors) if isinstance(value, tuple) else -1, tuple(t.dtype for t in tensors))
+        )
+        carried.extend(t if t.is_floating_point() else t.to(torch.float32) for t in tensors)
+
+    modules = list(layers._modules.values())
+    key = (tuple(layout), static, layers.remat, _python_state(modules[0]))
+    template = _LayerForward(modules[0])
+    step = layers.traced_layer(key, lambda: _layer_step(template, tuple(layout), dict(static)))
+
+    weights = [_LayerForward(m) for m in modules]
+    params = _stack([dict(w.named_parameters()) for w in weights])
+    buffers = _stack([dict(w.named_buffers()) for w in weights])
+    carry = (hidden_states, *carried)
+    final, _ = runtime.scan(step, carry, (params, buffers), remat=layers.remat, pure=True)
+    return final[0]
+
+
+def _layer_step(
+    template: _LayerForward,
+    layout: tuple[tuple[str, int, tuple[torch.dtype, ...]], ...],
+    static: dict[str, Any],
+) -> Callable[..., Any]:
+    """The function scanned over the layers: ``(carry, (params, buffers)) -> (carry, None)``."""
+
+    def step(carry: tuple[torch.Tensor, ...], weights: tuple[dict[str, Any], dict[str, Any]]) -> Any:
+        hidden_states, *carried = carry
+        kwargs = dict(static)
+        it: Iterator[torch.Tensor] = iter(carried)
+        for name, count, dtypes in layout:
+            tensors = [next(it).to(dtype) for dtype in dtypes]
+            kwargs[name] = tuple(tensors) if count >= 0 else tensors[0]
+        params, buffers = weights
+        out = torch.func.functional_call(
+            template, {**params, **buffers}, (hidden_states,), kwargs, strict=True
+        )
+        return (out, *carried), None
+
+    return step
+
+
+def _stack(per_layer: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {name: torch.stack([weights[name] for weights in per_layer]) for name in per_layer[0]}
+
+
+def _python_state(layer: nn.Module) -> tuple[Any, ...]:
+    """What in a layer changes its computation without changing its tensors: training mode and
+    peft adapter switches (active, merged, disabled)."""
+    state: list[Any] = []
+    for module in layer.modules():
+        state.append(module.training)
+        for name in ("active_adapters", "merged_adapters", "disable_adapters"):
+            value = getattr(module, name, None)
+            if value is not None and not callable(value):
+                state.append((name, tuple(value) if isinstance(value, (list, tuple)) else value))
+    return tuple(state)
+
+
+__all__ = [
+    "LOOP_SOURCE",
+    "ScanLayersError",
+    "ScannedLayers",
+    "check_identical_layers",
+    "check_scannable",
+    "check_uniform_layer_types",
+    "install_scan",
+    "scan_notices",
+    "scanned_layers",
+    "uninstall_scan",
+]
