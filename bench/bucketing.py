@@ -20,8 +20,18 @@ per-token cost it prints the run length (real tokens) at which buckets overtake 
     .venv/bin/python bench/bucketing.py                 # both parts (a few minutes on 2 cores)
     .venv/bin/python bench/bucketing.py --plans-only    # part 1 only (seconds)
     .venv/bin/python bench/bucketing.py --tokens 30000  # a shorter training budget (default 60,000)
+    .venv/bin/python bench/bucketing.py --auto          # part 3 only (about 10 minutes)
 
-Writes bench/results/bucketing.json.
+Part 3 (``--auto``, XLA:CPU, one device): does ``bucketing.max_buckets: auto`` choose well? For
+runs of about 2k, 20k and 200k real tokens (same model, corpus and batch as part 2; batch 8 x
+``max_length`` 256), the `Trainer` itself runs with a fixed number of buckets K in (1, 2, 3, 4,
+6, 8) and with 'auto' (which measures compile seconds and per-token time on its first shape,
+then plans with `choose_buckets`). Each run is a fresh child process (nothing compiled before
+it) and its wall time is the Trainer's, from construction to the end of `fit`: build, the
+measurement, warm-up compiles and every step. Reported: auto's wall time against the best fixed
+K measured, and what auto predicted.
+
+Writes bench/results/bucketing.json (part 3 alone: bench/results/bucketing-auto.json).
 """
 
 from __future__ import annotations
@@ -50,6 +60,10 @@ from workbench.data.buckets import plan_buckets  # noqa: E402
 from workbench.data.collate import packing_efficiency  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "bucketing.json"
+AUTO_BUDGETS = (2_000, 20_000, 200_000)
+FIXED_BUCKETS = (1, 2, 3, 4, 6, 8)
+AUTO_TOLERANCE = 0.10
+"""Auto's wall time may exceed the best fixed K's by at most this fraction."""
 _MARK = "__MODE_RESULT__"
 
 
@@ -382,6 +396,144 @@ def print_part_two(result: dict) -> None:
         )
 
 
+# ---- part 3: does 'auto' choose well? ---------------------------------------------------------
+
+
+def auto_run(buckets: str, budget: int, cache_dir: str | None) -> dict:
+    """One Trainer run (in this fresh process) with ``bucketing.max_buckets=buckets`` for about
+    `budget` real tokens; wall time from building the Trainer to the end of `fit`."""
+    import datasets
+
+    from workbench.backend import runtime
+    from workbench.config import WorkbenchConfig
+    from workbench.data.records import build_datasets
+    from workbench.train import Trainer
+
+    datasets.disable_progress_bars()
+    cfg = WorkbenchConfig().with_overrides(
+        [
+            "data.eval_fraction=0",
+            "data.max_length=256",
+            "train.batch_size=8",
+            "train.device_type=xla",
+            "train.progress_bar=false",
+            "bucketing.strategy=optimal",
+            f"bucketing.max_buckets={buckets}",
+        ]
+    )
+    train_ds, _, tokenizer = build_datasets(cfg, cache_dir=cache_dir)
+    mean_length = float(np.minimum(np.asarray(train_ds["length"]), 256).mean())
+    steps = max(2, round(budget / (8 * mean_length)))  # the same steps, so the same sequences, for every K
+    cfg = cfg.with_overrides(
+        {"train.steps": steps, "train.log_every": steps, "train.warmup_steps": min(5, steps)}
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # truncation and the auto notice: reported below
+        start = time.perf_counter()
+        trainer = Trainer(cfg, train_dataset=train_ds, tokenizer=tokenizer)
+        result = trainer.fit()
+        runtime.wait_device_ops()
+        wall = time.perf_counter() - start
+    _, sampler = trainer.data.loader(trainer.data.train_dataset, trainer.loop.batch_size)
+    choice = trainer.data.bucket_choice
+    return {
+        "buckets": buckets,
+        "steps": result.steps,
+        "real_tokens": trainer.loop.tokens_seen,
+        "shapes": len(sampler.boundaries),
+        "boundaries": sampler.boundaries,
+        "compiles": runtime.compile_count(),
+        "compile_s": runtime.compile_time_s(),
+        "compiles_after_warmup": result.compiles_after_warmup,
+        "wall_s": wall,
+        "final_loss": result.final_loss,
+        "choice": choice.summary() if choice is not None else None,
+    }
+
+
+def _run_auto_child(buckets: str, budget: int, cache_dir: str | None) -> dict:
+    cmd = [sys.executable, __file__, "--auto-run", buckets, "--tokens", str(budget)]
+    if cache_dir:
+        cmd += ["--cache-dir", cache_dir]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
+    marked = [line for line in proc.stdout.splitlines() if line.startswith(_MARK)]
+    if proc.returncode != 0 or not marked:
+        raise RuntimeError(f"run buckets={buckets} tokens={budget} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(marked[-1][len(_MARK) :])
+
+
+def part_three(cache_dir: str | None, budgets: tuple[int, ...] = AUTO_BUDGETS, repeats: int = 1) -> dict:
+    """Every (budget, K or auto) in its own fresh process; `repeats` interleaved rounds, medians."""
+    names = [*(str(k) for k in FIXED_BUCKETS), "auto"]
+    out = []
+    for budget in budgets:
+        runs: dict[str, list[dict]] = {name: [] for name in names}
+        for round_index in range(repeats):
+            for name in names:
+                runs[name].append(_run_auto_child(name, budget, cache_dir))
+                r = runs[name][-1]
+                print(
+                    f"  {budget} tokens, round {round_index + 1}: K={name}: {r['shapes']} shapes, "
+                    f"{r['wall_s']:.1f} s",
+                    flush=True,
+                )
+        rows = []
+        for name in names:
+            row = dict(runs[name][0])
+            row["wall_s"] = float(np.median([r["wall_s"] for r in runs[name]]))
+            row["compile_s"] = float(np.median([r["compile_s"] for r in runs[name]]))
+            row["walls_s"] = [r["wall_s"] for r in runs[name]]
+            rows.append(row)
+        best = min((r for r in rows if r["buckets"] != "auto"), key=lambda r: r["wall_s"])
+        auto = next(r for r in rows if r["buckets"] == "auto")
+        for r in rows:
+            r["wall_vs_best_fixed"] = r["wall_s"] / best["wall_s"]
+        out.append(
+            {
+                "budget_real_tokens": budget,
+                "rows": rows,
+                "best_fixed_k": int(best["buckets"]),
+                "auto_shapes": auto["shapes"],
+                "auto_vs_best_fixed": auto["wall_s"] / best["wall_s"],
+                "auto_within_tolerance": auto["wall_s"] <= (1 + AUTO_TOLERANCE) * best["wall_s"],
+                "auto_predicted_s": auto["choice"]["predicted_total_s"] if auto["choice"] else None,
+            }
+        )
+    return {"repeats": repeats, "tolerance": AUTO_TOLERANCE, "budgets": out}
+
+
+def print_part_three(result: dict) -> None:
+    print(
+        f"\n## 'auto' against fixed bucket counts: Trainer wall time on XLA:CPU "
+        f"(fresh process per run, compiles included; medians of {result['repeats']})\n"
+    )
+    print("| real tokens | K | shapes | steps | compiles | compile s | wall s | wall / best fixed |")
+    print("|---|---|---|---|---|---|---|---|")
+    for b in result["budgets"]:
+        for r in b["rows"]:
+            print(
+                f"| {r['real_tokens']:,} | {r['buckets']} | {r['shapes']} | {r['steps']} | {r['compiles']} | "
+                f"{r['compile_s']:.1f} | {r['wall_s']:.1f} | {r['wall_vs_best_fixed']:.2f} |"
+            )
+    print("\n| budget | best fixed K | auto's shapes | auto / best fixed | auto predicted s | within 10% |")
+    print("|---|---|---|---|---|---|")
+    for b in result["budgets"]:
+        choice = next(r for r in b["rows"] if r["buckets"] == "auto")["choice"] or {}
+        predicted = b["auto_predicted_s"]
+        print(
+            f"| {b['budget_real_tokens']:,} | {b['best_fixed_k']} | {b['auto_shapes']} | "
+            f"{b['auto_vs_best_fixed']:.3f} | {predicted:.1f} | {'yes' if b['auto_within_tolerance'] else 'NO'} |"
+            if predicted is not None
+            else f"| {b['budget_real_tokens']:,} | {b['best_fixed_k']} | {b['auto_shapes']} | "
+            f"{b['auto_vs_best_fixed']:.3f} | - | {'yes' if b['auto_within_tolerance'] else 'NO'} |"
+        )
+        if choice:
+            print(
+                f"|   measured: {choice['compile_seconds']:.2f} s/shape, "
+                f"{1e6 * choice['seconds_per_padded_token']:.1f} µs/padded token, {choice['epochs']:.2f} epochs | | | | | |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -397,10 +549,30 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=3, help="interleaved rounds per mode (medians reported)"
     )
+    parser.add_argument("--auto", action="store_true", help="part 3 only: 'auto' against fixed bucket counts")
+    parser.add_argument(
+        "--auto-budgets",
+        default=",".join(str(b) for b in AUTO_BUDGETS),
+        help="comma-separated real-token budgets for part 3",
+    )
+    parser.add_argument("--auto-repeats", type=int, default=1, help="interleaved rounds per part-3 run")
     parser.add_argument("--mode", choices=list(MODES), help=argparse.SUPPRESS)  # one mode, in a child process
+    parser.add_argument("--auto-run", help=argparse.SUPPRESS)  # one part-3 run, in a child process
     args = parser.parse_args()
     if args.mode:
         print(_MARK + json.dumps(run_one_mode(args.mode, args.tokens, args.cache_dir)), flush=True)
+        return
+    if args.auto_run:
+        print(_MARK + json.dumps(auto_run(args.auto_run, args.tokens, args.cache_dir)), flush=True)
+        return
+    if args.auto:
+        budgets = tuple(int(b) for b in args.auto_budgets.split(","))
+        result = {"auto": part_three(args.cache_dir, budgets, args.auto_repeats)}
+        print_part_three(result["auto"])
+        out = RESULTS.with_name("bucketing-auto.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+        print(f"\nwrote {out.relative_to(REPO)}")
         return
     modes = [m.strip() for m in args.modes.split(",")] if args.modes else None
     unknown = [m for m in modes or [] if m not in MODES]

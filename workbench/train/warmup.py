@@ -10,7 +10,9 @@ warm-up, and after it nothing compiles on a bucketed run.
 With ``bucketing.max_buckets: auto``, `choose_auto_buckets` first measures what one shape costs
 to compile and what a padded token costs to train, on the one shape every plan has (the full
 ``data.max_length`` batch), and fixes both in the run's data config so every loader plans with
-them (`workbench.data.bucket_choice.choose_buckets`).
+them (`workbench.data.bucket_choice.choose_buckets`). A resumed run measures again and may
+plan other boundaries, and so other batches, than the run it resumes: for runs that will be
+resumed, put the two measured figures (the notice prints them) into the config.
 """
 
 from __future__ import annotations
