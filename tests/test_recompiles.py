@@ -244,6 +244,10 @@ def test_loop_recompile_names_the_line_and_the_changed_shape(loop_run):
     assert loop_run["advice_causes"] == causes
     assert f"tests/xla/recompile_loop.py:{longer} (main)" in loop_run["advice"]
     assert "input_ids (4, 32) → (4, 48) int64" in loop_run["advice"]
+    assert (
+        "Bucket sequence lengths" in loop_run["advice"]
+        and "pass such values as device tensors" in (loop_run["advice"])
+    )
     # the full stack stays in the record: torch_xla's sync, the seam, the loop
     assert [f.rsplit(" ", 1)[1] for f in loop_run["frames"][0][:3]] == ["(sync)", "(sync)", "(main)"]
 
@@ -265,7 +269,8 @@ def test_too_late_for_the_log_says_so_and_causes_still_name_the_shape(xla_scenar
 def test_trainer_switches_the_log_on_and_explains_its_recompiles(xla_scenario):
     run = xla_scenario("recompile_trainer", timeout=300)
     assert run["env_before"] == {"PT_XLA_DEBUG_LEVEL": None, "PT_XLA_DEBUG_FILE": None}
-    assert run["log_path"] and run["records"] >= 1 + len(run["recompile_steps"]) and run["notices"] == []
+    assert run["log_path"] and run["records"] >= 1 + len(run["recompile_steps"])
+    assert not [n for n in run["notices"] if "compile log" in n]  # on in time: no notice
     trainer_py = REPO / "workbench" / "train" / "trainer.py"
     source = trainer_py.read_text().splitlines()
     step_def = next(i for i, text in enumerate(source) if "def _step(" in text)

@@ -293,14 +293,24 @@ class StepProfiler:
         """What the history says to change, one `Advice` per kind found."""
         found: list[Advice] = []
         if self._recompile_steps:
-            causes = [r.describe() for r in self.recompiles.recompiles]
+            recompiles = self.recompiles.recompiles
+            causes = [r.describe() for r in recompiles]
+            remedies = []
+            if any(r.changes != () for r in recompiles):  # shapes changed, or unknown
+                remedies.append(
+                    "Bucket sequence lengths (bucketing.strategy, max_buckets) or pad to fixed lengths, "
+                    "and pre-compile the bucket shapes before training."
+                )
+            if any(r.changes == () for r in recompiles):
+                remedies.append(
+                    "Where the inputs kept their shapes, a Python number or branch in the step changed "
+                    "the graph: pass such values as device tensors."
+                )
             found.append(
                 Advice(
                     "recompilation",
                     f"{len(self._recompile_steps)} step(s) compiled a new program after warm-up "
-                    f"(steps {_short(self._recompile_steps)}): {_causes(causes)}. Bucket "
-                    "sequence lengths (bucketing.strategy, max_buckets) or pad to fixed lengths, and "
-                    "pre-compile the bucket shapes before training.",
+                    f"(steps {_short(self._recompile_steps)}): {_causes(causes)}. {' '.join(remedies)}",
                     {"steps": list(self._recompile_steps), "causes": causes},
                 )
             )
