@@ -3,7 +3,10 @@
 Unrolled, an XLA training step holds a copy of the decoder layer's forward and backward for
 every layer, so compile time grows with depth. Scanned, the step holds one copy inside an XLA
 ``While`` loop over the stacked layer weights (torch_xla's ``scan``, through the runtime seam),
-and compile time stays about flat in the number of layers.
+and the forward and backward compile in about flat time over depth. What stays per layer: the
+weights are stacked (a copy) every step and their gradients sliced back, and the optimizer
+updates each parameter tensor on its own, so a whole training step's compile time still grows
+with depth, more slowly (bench/compile.py measures both).
 
 How it hooks in without changing the model: the decoder families' forward loops over
 ``self.layers[: self.config.num_hidden_layers]`` (Llama, Qwen2/3, Mistral, Gemma 1/2/3, Phi-3
