@@ -112,6 +112,10 @@ def jupyterlab(root: Path, tmp: Path) -> Iterator[str]:
     news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True, exist_ok=True)
     news.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    # Render every cell, not only those in view: a tall dashboard would leave the widgets below unrendered.
+    tracker = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True, exist_ok=True)
+    tracker.write_text(json.dumps({"windowingMode": "none"}))
     env["JUPYTERLAB_SETTINGS_DIR"] = str(settings)
     env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp / "lab-workspaces")
     argv = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}"]
@@ -137,12 +141,24 @@ def chromium() -> Iterator[Any]:
 
 
 def open_lab_notebook_and_run_all(page: Any, base_url: str, notebook: str, workspace: str) -> None:
-    """Open `notebook` in a fresh JupyterLab workspace, wait for its kernel, then Run > Run All Cells."""
+    """Open `notebook` in a fresh JupyterLab workspace, wait for its kernel, then Run > Run All Cells.
+
+    A click on Run All that lands before the session is wired up is ignored (the prompts stay
+    ``[ ]:``), so the click is repeated until the first cell has started.
+    """
     page.goto(f"{base_url}/lab/workspaces/{workspace}/tree/{notebook}?reset", timeout=120_000)
     page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for(timeout=120_000)
     page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=120_000)
-    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-    page.locator("li[data-command='runmenu:run-all']").click()
+    started = "() => { const p = document.querySelector('.jp-NotebookPanel .jp-InputPrompt'); return !!p && p.innerText.trim() !== '[ ]:'; }"
+    for _ in range(6):
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator("li[data-command='runmenu:run-all']").click()
+        try:
+            page.wait_for_function(started, timeout=10_000)
+            return
+        except Exception:  # playwright's TimeoutError: try again
+            page.keyboard.press("Escape")
+    raise FrontendError(f"JupyterLab did not start running {notebook} after 6 clicks on Run All")
 
 
 PLOT_STATE = """(title) => {

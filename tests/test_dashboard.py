@@ -91,7 +91,7 @@ def test_updates_are_throttled_and_batched():
     dash.flush()
     assert dash.flush_count == 3 and lengths(dash)["train loss"] == 12
     # The synced widget state follows every flush: a page that attaches late draws all 12 points.
-    synced = dash.figure.get_state()["state"]
+    synced = dash.figure.channel.get_state()["state"]
     by_name = {name: len(trace["x"]) for name, trace in zip(_TRACES, synced["traces"])}
     assert synced["seq"] == dash.figure.seq and by_name["train loss"] == 12 and by_name["tokens/s"] == 12
     dash.flush()  # nothing pending: no update sent
@@ -240,7 +240,7 @@ class PageModel:
 
     def receive(self, delta: dict, plot: LivePlot) -> None:
         if delta["base"] != self.seq:  # a gap: the page asks for the whole state
-            state = plot.get_state("state")["state"]
+            state = plot.channel.get_state("state")["state"]
             self.traces, self.seq = [dict(t) for t in state["traces"]], state["seq"]
             self.snapshots += 1
             return
@@ -297,8 +297,8 @@ def test_a_page_that_missed_a_delta_catches_up_from_the_state():
     assert page.snapshots == 1 and page.seq == dash.figure.seq
     assert page.traces[list(_TRACES).index("train loss")]["x"] == [1, 2, 3]
     # The page's request (a comm message) makes the kernel send the state again.
-    dash.figure._on_frontend_message(dash.figure, {"type": "snapshot", "have": 1}, [])
-    assert dash.figure.snapshot_requests == 1
+    dash.figure.channel._on_frontend_message(dash.figure.channel, {"type": "snapshot", "have": 1}, [])
+    assert dash.figure.channel.snapshot_requests == 1
 
 
 def test_ten_thousand_intervals_stay_bounded_for_the_browser(tmp_path):
@@ -311,7 +311,7 @@ def test_ten_thousand_intervals_stay_bounded_for_the_browser(tmp_path):
         )
     dash.flush()
     assert all(len(dash.trace(name).x) <= dash.max_points for name in _TRACES)
-    state = dash.figure.get_state()
+    state = dash.figure.channel.get_state()
     assert message_bytes(state["state"]) < 400_000, message_bytes(state["state"])
     assert message_bytes(state["look"]) < 20_000
     dash(metrics(10_001))

@@ -1,19 +1,26 @@
 // Front end of widgets/live_plot.py: draws a LivePlot with the plotly.js shipped by the plotly
-// package. Python prepends `__loadPlotly`, which evaluates that bundle; it runs once per page.
+// package (sent once as the `_plotly` trait, imported once per page, never from a CDN).
 //
-// Every view reconciles against the model's synced traits (look, delta, state) instead of
-// trusting that it saw every message: on any change, and once a second in case a change event
-// never reached this view. A delta numbered right after what the view drew is appended with
-// Plotly.extendTraces; a gap (the view rendered mid-stream, or lost a message) asks the kernel
-// for the whole state. Each view records, per update, the kernel's time stamp and Date.now()
-// once drawn, so tests and benches read the kernel-to-page latency from the page.
-/* global __loadPlotly */
+// The live data is on the plot's channel, a core widget model (see live_plot.py for why it is
+// not on this anywidget's own model). Every view reconciles against the channel's traits (look,
+// delta, state) instead of trusting that it saw every message: on any change, and once a second
+// in case a change event never reached it. A delta numbered right after what the view drew is
+// appended with Plotly.extendTraces; a gap (the view rendered mid-stream, or lost a message)
+// asks the kernel for the whole state. Each view records, per update, the kernel's time stamp
+// and Date.now() once drawn, so tests and benches read the kernel-to-page latency from the page.
 
 const CONFIG = { displaylogo: false, responsive: true };
 const LOG_LIMIT = 5000;
+const TRAITS = ["look", "delta", "state"];
 
-function plotly() {
-  if (!globalThis.__workbenchPlotly) globalThis.__workbenchPlotly = __loadPlotly();
+function loadPlotly(source) {
+  if (!globalThis.__workbenchPlotly) {
+    const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
+    globalThis.__workbenchPlotly = import(/* webpackIgnore: true */ url).then((module) => {
+      URL.revokeObjectURL(url);
+      return module.default || globalThis.Plotly;
+    });
+  }
   return globalThis.__workbenchPlotly;
 }
 
@@ -23,16 +30,15 @@ function traceOf(style, points) {
   return trace;
 }
 
-function render({ model, el }) {
-  const Plotly = plotly();
+async function render({ model, el }) {
   const gd = document.createElement("div");
   gd.className = "wb-live-plot";
   gd.dataset.name = model.get("name");
   el.appendChild(gd);
   const view = { seq: -1, lookRev: -1, snapshots: 0, deltas: 0, asked: -1, askedAt: 0, log: [], errors: [] };
   gd.wbLive = view; // read by tests and benches: what this page drew, and when
-  const registry = (globalThis.__wbLivePlots = globalThis.__wbLivePlots || new Set());
-  registry.add(gd);
+  const Plotly = await loadPlotly(model.get("_plotly"));
+  const channel = await model.widget_manager.get_model(model.get("channel_id"));
 
   async function drawAll(look, traces, seq) {
     const data = look.styles.map((style, i) => traceOf(style, traces[i] || { x: [], y: [] }));
@@ -74,9 +80,9 @@ function render({ model, el }) {
   }
 
   async function reconcile() {
-    const look = model.get("look");
-    const state = model.get("state") || {};
-    const delta = model.get("delta") || {};
+    const look = channel.get("look");
+    const state = channel.get("state") || {};
+    const delta = channel.get("delta") || {};
     if (!look || !look.styles) return;
     const stateSeq = state.traces ? state.seq : -1;
     const deltaSeq = delta.traces ? delta.seq : -1;
@@ -97,7 +103,7 @@ function render({ model, el }) {
         // One request per gap (again after 3 s without an answer); the reply is a new `state`.
         view.asked = deltaSeq;
         view.askedAt = Date.now();
-        model.send({ type: "snapshot", have: view.seq });
+        channel.send({ type: "snapshot", have: view.seq });
       }
     }
     gd.dataset.seq = String(view.seq);
@@ -110,14 +116,12 @@ function render({ model, el }) {
       console.error("workbench live plot:", err);
     });
   };
-  const traits = ["look", "delta", "state"];
-  for (const trait of traits) model.on(`change:${trait}`, schedule);
+  for (const trait of TRAITS) channel.on(`change:${trait}`, schedule);
   const timer = setInterval(schedule, 1000);
   schedule();
   return () => {
     clearInterval(timer);
-    for (const trait of traits) model.off(`change:${trait}`, schedule);
-    registry.delete(gd);
+    for (const trait of TRAITS) channel.off(`change:${trait}`, schedule);
     Plotly.purge(gd);
   };
 }

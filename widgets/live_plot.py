@@ -1,11 +1,20 @@
 """A live plotly figure that no frontend can miss an update of: an anywidget with its own front end.
 
-Why not plotly's `FigureWidget`: it sends each edit as a one-off value of a trait that it
-resets to None at once (``_py2js_update``), so the edit exists only in flight. A page whose
-view is not listening at that moment (Voilà pages sometimes kept 12 points while the kernel
-held 16) never sees it again, and nothing tells it that it is behind.
+Why not plotly's `FigureWidget` (or any anywidget that receives updates): anywidget 0.11 gives
+each model two seconds from its creation to import and bind its ES module
+(``AbortSignal.timeout(2000)`` in its Runtime); past that the model's ``ready`` promise is
+rejected for good, and every later comm message to it waits on that promise and is dropped
+without an error. The view still renders from the state the model was created with. A Voilà
+page creates all its models at once on a busy main thread, and plotly's 5 MB bundle is evaluated
+inside that window: on this 2-core machine the dashboard kept its first 12 points while the
+kernel had sent 16 (the status label, a core widget, updated fine). JupyterLab pages usually
+make the deadline, but nothing guarantees it.
 
-`LivePlot` keeps three synced traits, and every view reconciles against them:
+So the parts that change never travel on the anywidget. `LivePlot` (the anywidget) carries only
+what is fixed at creation: a small ES module and plotly.js as data (evaluated once per page by
+the view, outside that deadline). The live figure lives on `LiveChannel`, a plain core widget
+model (``WidgetModel``, no ES module, no deadline), with three synced traits every view
+reconciles against:
 
 - ``look``: the layout and the per-trace styles, with a revision number (changes rarely).
 - ``delta``: the latest flush as an append-only change, numbered: for each changed trace, how
@@ -16,8 +25,8 @@ held 16) never sees it again, and nothing tells it that it is behind.
   state (a page attaching late, Voilà, a reload, a saved notebook), and a view that sees a gap in
   the numbers asks for it with a message.
 
-The front end (``live_plot.js``) draws with the plotly.js that the plotly package ships,
-evaluated once per page (no CDN, no network). `DecimatedSeries` bounds what is drawn per trace
+The front end (``live_plot.js``) draws with the plotly.js that the plotly package ships (no
+CDN, no network). `DecimatedSeries` bounds what is drawn per trace
 (bucket minimum and maximum, so spikes survive) while the caller keeps the full history.
 """
 
@@ -31,16 +40,16 @@ from pathlib import Path
 from typing import Any
 
 import anywidget
+import ipywidgets as ipw
 import traitlets
 
 _MODULE = Path(__file__).with_name("live_plot.js")
 
 
-def _esm_source() -> str:
-    """The ES module: plotly.js (evaluated only when the page has not loaded it yet) then ours."""
+def _plotly_module() -> str:
+    """plotly.js as an ES module (its UMD wrapper sets ``window.Plotly``); the view imports it once per page."""
     plotly_js = resources.files("plotly").joinpath("package_data", "plotly.min.js").read_text("utf-8")
-    loader = f"const __loadPlotly = () => {{\n{plotly_js}\nreturn globalThis.Plotly;\n}};\n"
-    return loader + _MODULE.read_text("utf-8")
+    return plotly_js + "\nexport default globalThis.Plotly;\n"
 
 
 @dataclass(frozen=True)
@@ -131,26 +140,18 @@ def _common_prefix(old: TraceData, new: TraceData) -> int:
     return limit
 
 
-class LivePlot(anywidget.AnyWidget):
-    """A plotly figure (layout + traces) updated with numbered append-only deltas.
+class LiveChannel(ipw.Widget):
+    """The live figure's data on a core widget model (no view): look, numbered deltas, state."""
 
-    Args:
-        layout: plotly layout dict.
-        styles: one dict per trace (name, mode, marker, axes...), without data.
-        name: a label for the page (tests and benches find the plot by it).
-    """
-
-    _esm = _esm_source()
     look = traitlets.Dict().tag(sync=True)
     delta = traitlets.Dict().tag(sync=True)
     state = traitlets.Dict().tag(sync=True)
-    name = traitlets.Unicode("").tag(sync=True)
 
-    def __init__(self, layout: dict[str, Any], styles: list[dict[str, Any]], *, name: str = "") -> None:
+    def __init__(self, layout: dict[str, Any], styles: list[dict[str, Any]]) -> None:
         self.seq = 0
         self.snapshot_requests = 0
         self._data = [TraceData([], []) for _ in styles]
-        super().__init__(name=name, look={"layout": layout, "styles": styles, "rev": 0})
+        super().__init__(look={"layout": layout, "styles": styles, "rev": 0})
         self.on_msg(self._on_frontend_message)
 
     @property
@@ -205,6 +206,55 @@ class LivePlot(anywidget.AnyWidget):
         if isinstance(content, dict) and content.get("type") == "snapshot":
             self.snapshot_requests += 1
             self.send_state("state")
+
+
+class LivePlot(anywidget.AnyWidget):
+    """A plotly figure (layout + traces) that every page draws completely, however late it renders.
+
+    Args:
+        layout: plotly layout dict.
+        styles: one dict per trace (name, mode, marker, axes...), without data.
+        name: a label for the page (tests and benches find the plot by it).
+    """
+
+    _esm = _MODULE.read_text("utf-8")
+    _plotly = traitlets.Unicode(_plotly_module()).tag(sync=True)
+    name = traitlets.Unicode("").tag(sync=True)
+    channel_id = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, layout: dict[str, Any], styles: list[dict[str, Any]], *, name: str = "") -> None:
+        # The channel is created (and its comm opened) first, so any page knows it before the plot.
+        self.channel = LiveChannel(layout, styles)
+        super().__init__(name=name, channel_id=self.channel.model_id)
+
+    @property
+    def look(self) -> dict[str, Any]:
+        return self.channel.look
+
+    @property
+    def delta(self) -> dict[str, Any]:
+        return self.channel.delta
+
+    @property
+    def seq(self) -> int:
+        return self.channel.seq
+
+    @property
+    def data(self) -> list[TraceData]:
+        return self.channel.data
+
+    def update(
+        self,
+        data: list[TraceData],
+        *,
+        layout: dict[str, Any] | None = None,
+        styles: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any] | None:
+        """See `LiveChannel.update`."""
+        return self.channel.update(data, layout=layout, styles=styles)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.channel.snapshot()
 
 
 def message_bytes(payload: Any) -> int:
