@@ -477,43 +477,51 @@ def scan_layers(layers: Sequence[Any], carry: Any, *, remat: bool = False) -> An
     """Run identical `layers` in sequence as one traced and compiled layer (torch_xla's scan).
 
     `carry` is what each layer takes and returns (a tensor or a tuple of them). ``remat``
-    recomputes activations in the backward pass (min-cut rematerialisation): the scanned
-    form of gradient checkpointing.
+    recomputes each layer in the backward pass from its saved input (min-cut at activation
+    budget 0): the scanned form of gradient checkpointing.
     """
-    from functorch.compile import default_partition, min_cut_rematerialization_partition
     from torch_xla.experimental.scan_layers import scan_layers as xla_scan_layers
 
-    partition = min_cut_rematerialization_partition if remat else default_partition
     _scan_backward_without_jax()
-    return xla_scan_layers(list(layers), carry, partition_fn=partition)
+    return xla_scan_layers(list(layers), carry, partition_fn=_scan_partition(remat))
 
 
 def scan(fn: Callable[..., Any], init: Any, xs: Any, *, remat: bool = False, pure: bool = False) -> Any:
     """torch_xla's ``scan``: ``fn(carry, x) -> (carry, y)`` over the leading axis of `xs` as one
     traced loop body; returns ``(carry, ys)``. ``remat``: as in `scan_layers`. ``pure``: `fn` has no
     side effects, so its trace is cached on the function object (pass the same object each call)."""
-    from functorch.compile import default_partition, min_cut_rematerialization_partition
     from torch_xla.experimental.scan import scan as xla_scan
 
-    partition = min_cut_rematerialization_partition if remat else default_partition
     _scan_backward_without_jax()
-    return xla_scan(fn, init, xs, partition_fn=partition, is_fn_pure=pure)
+    return xla_scan(fn, init, xs, partition_fn=_scan_partition(remat), is_fn_pure=pure)
+
+
+def _scan_partition(remat: bool) -> Callable[..., Any]:
+    """AOTAutograd's min-cut partition of a scanned body: at full activation budget it recomputes
+    only cheap element-wise work (saves less than the plain partition); with ``remat``, budget 0:
+    only each iteration's inputs are saved (gradient checkpointing)."""
+    import functools
+
+    return functools.partial(_min_cut_partition, budget=0.0 if remat else 1.0)
+
+
+def _min_cut_partition(*args: Any, budget: float, **kwargs: Any) -> Any:
+    import torch._functorch.config as functorch_config
+    from functorch.compile import min_cut_rematerialization_partition
+
+    with functorch_config.patch(activation_memory_budget=budget):
+        return min_cut_rematerialization_partition(*args, **kwargs)
 
 
 def _scan_backward_without_jax() -> None:
-    """Under SPMD torch_xla's scan backward ties each gradient's sharding to its input's with
-    jax's ``shard_alike``, and fails where jax is not installed (XLA:CPU here); then the
-    gradients are left to XLA's sharding propagation instead (same values)."""
+    """Under SPMD torch_xla's scan backward ties gradient shardings to their inputs' with jax's
+    ``shard_alike``, failing without jax (XLA:CPU here): then XLA's propagation shards them."""
     import importlib.util
 
     import torch_xla.experimental.scan as xla_scan_module
 
     if importlib.util.find_spec("jax") is None:
-        xla_scan_module._backward_shard_alike = _backward_unconstrained
-
-
-def _backward_unconstrained(carry: Any, x: Any, backward: Callable[..., Any], init: Any, xs: Any) -> Any:
-    return backward(carry, x)
+        xla_scan_module._backward_shard_alike = lambda carry, x, backward, init, xs: backward(carry, x)
 
 
 def gradient_checkpoint_function() -> Callable[..., Any]:
