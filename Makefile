@@ -41,6 +41,7 @@ bench: venv
 	PJRT_DEVICE=CPU $(PY) bench/train.py
 	PJRT_DEVICE=CPU $(PY) bench/generate.py
 	PJRT_DEVICE=CPU $(PY) bench/compile.py
+	$(PY) bench/frontends.py
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache build *.egg-info
