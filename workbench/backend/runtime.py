@@ -30,6 +30,7 @@ What the rest of the package may ask of the backend:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -496,12 +497,12 @@ def scan(fn: Callable[..., Any], init: Any, xs: Any, *, remat: bool = False, pur
     return xla_scan(fn, init, xs, partition_fn=_scan_partition(remat), is_fn_pure=pure)
 
 
+@functools.cache
 def _scan_partition(remat: bool) -> Callable[..., Any]:
     """AOTAutograd's min-cut partition of a scanned body: at full activation budget it recomputes
     only cheap element-wise work (saves less than the plain partition); with ``remat``, budget 0:
-    only each iteration's inputs are saved (gradient checkpointing)."""
-    import functools
-
+    only each iteration's inputs are saved (gradient checkpointing). One object per setting:
+    torch_xla keys its cached traces on the partition function's id."""
     return functools.partial(_min_cut_partition, budget=0.0 if remat else 1.0)
 
 
@@ -516,8 +517,6 @@ def _min_cut_partition(*args: Any, budget: float, **kwargs: Any) -> Any:
 def _scan_backward_without_jax() -> None:
     """Under SPMD torch_xla's scan backward ties gradient shardings to their inputs' with jax's
     ``shard_alike``, failing without jax (XLA:CPU here): then XLA's propagation shards them."""
-    import importlib.util
-
     import torch_xla.experimental.scan as xla_scan_module
 
     if importlib.util.find_spec("jax") is None:

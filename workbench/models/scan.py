@@ -22,7 +22,10 @@ and are cast back inside the layer); the non-tensor keywords (``use_cache=False`
 are baked into the traced layer. Each layer's parameters and buffers are stacked along a new
 leading axis and scanned over. The layer is called through ``forward`` (not ``__call__``), so
 transformers' per-layer gradient checkpointing never wraps it inside the scan; gradient
-checkpointing is the scan's own rematerialisation instead (``remat=True``: min-cut partition).
+checkpointing is the scan's own rematerialisation instead (``remat=True``: each layer is
+recomputed from its saved input in the backward pass). Measured by the compiler on an 8-layer
+forward + backward (tests/xla/scan_memory.py): scanned without remat a little more temporary
+memory than unrolled, with remat about a quarter of it and a third of transformers' checkpointing.
 
 The traced layer is cached per `ScannedLayers` (torch_xla's ``is_fn_pure``), keyed on the
 keyword structure, the static keyword values, ``remat`` and the layers' Python state (training
