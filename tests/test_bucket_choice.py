@@ -179,6 +179,9 @@ def test_loader_auto_without_costs_means_no_compile_cost():
     cfg = WorkbenchConfig().with_overrides({"data.max_length": 128, "bucketing.max_buckets": "auto"})
     plan = plan_for_config(np.asarray(ds["length"]), cfg)
     assert plan.choice.source == "no compile cost" and plan.choice.compile_seconds == 0.0
+    assert plan.choice.describe().startswith(
+        f"bucketing auto: {plan.num_shapes} shapes, the fewest padded tokens"
+    )
     assert plan.boundaries == sorted(set(round_up(np.minimum(ds["length"], 128), 8).tolist()) | {128})
 
 

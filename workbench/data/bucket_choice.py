@@ -100,6 +100,11 @@ class BucketChoice:
 
     def describe(self) -> str:
         """One line: the choice, its predicted total and its inputs."""
+        if self.compile_seconds == 0:  # nothing to weigh: the per-token figure is only a placeholder
+            return (
+                f"bucketing auto: {self.chosen} shapes, the fewest padded tokens ({self.chosen_padded_tokens:,} "
+                f"per epoch; {self.source}: every distinct rounded length its own shape)"
+            )
         return (
             f"bucketing auto: {self.chosen} shapes, predicted {self.predicted_total_s:.1f} s "
             f"({self.compile_part(self.chosen):.1f} s compiling + {self.steps_seconds(self.chosen):.1f} s of steps) "
