@@ -103,9 +103,43 @@ dash""",
 ]
 
 
+MEMORY_BARS = """() => {
+    const gd = [...document.querySelectorAll('.wb-live-plot')].find(g => g.dataset.name === 'memory per device');
+    if (!gd || !gd.data || !gd.layout) return null;
+    return {title: (gd.layout.title || {}).text, bars: gd.data.map(t => [t.name, [...t.x]]),
+            drawn: gd.querySelectorAll('.barlayer .point').length};
+}"""
+
+
+def kernel_memory_bars(batch_size: int) -> dict:
+    """The config panel's memory bar as the kernel draws it at `batch_size` (the Voilà cell's panel)."""
+    from widgets import ConfigPanel
+    from workbench.config import WorkbenchConfig
+    from workbench.data.records import build_datasets
+
+    cfg = WorkbenchConfig().with_overrides({"train.batch_size": 8, "data.max_examples": 600})
+    train_ds, _, _ = build_datasets(cfg)
+    figure = (
+        ConfigPanel(cfg, target="v5e-1", lengths=train_ds).set(batch_size=batch_size).memory_figure.figure
+    )
+    return {"title": figure.layout.title.text, "bars": [[t.name, list(t.x)] for t in figure.data]}
+
+
+def wait_for_memory_bars(page, want: dict, timeout_s: float) -> dict | None:
+    """Poll the page's memory bar until its title and bars equal `want`; returns the last seen."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = page.evaluate(MEMORY_BARS)
+        if (seen and {k: seen[k] for k in want} == want) or time.monotonic() > deadline:
+            return seen
+        page.wait_for_timeout(200)
+
+
 def test_voila_page_updates_estimate_and_draws_every_live_update(tmp_path):
     pytest.importorskip("playwright.sync_api")
     app = write_notebook(tmp_path / "app.ipynb", VOILA_CELLS)
+    bars_at_8, bars_at_16 = kernel_memory_bars(8), kernel_memory_bars(16)
+    assert bars_at_8 != bars_at_16
     with voila(app, tmp_path) as url, chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         errors: list[str] = []
@@ -120,6 +154,9 @@ def test_voila_page_updates_estimate_and_draws_every_live_update(tmp_path):
         assert not missing, missing
         assert_hover_text(state)
         assert state["points"] >= 60  # drawn as SVG points, not only held in plotly's data
+
+        # The panel's memory bar (a FigureView) is drawn as the kernel drew it.
+        bars_before = wait_for_memory_bars(page, bars_at_8, timeout_s=30)
 
         # Move the batch-size slider the way a user does with the keyboard.
         estimate = page.locator(".wb-memory-estimate .wb-estimate-value")
@@ -141,6 +178,8 @@ def test_voila_page_updates_estimate_and_draws_every_live_update(tmp_path):
         )
         page.wait_for_timeout(1000)
         after = estimate.inner_text()
+        # The memory bar redrawn from the kernel reached the page: the page's figure is the kernel's.
+        bars_after = wait_for_memory_bars(page, bars_at_16, timeout_s=30)
         batch_after = page.locator(".wb-batch-size .widget-readout").inner_text()
 
         # Four intervals fed while the page watches: every one must be drawn (a hard check).
@@ -164,6 +203,9 @@ def test_voila_page_updates_estimate_and_draws_every_live_update(tmp_path):
     assert int(batch_after) > int(batch_before), (batch_before, batch_after)
     assert _bytes(after) > _bytes(before), (before, after)
     assert bars >= 2, bars
+    assert bars_before and {k: bars_before[k] for k in bars_at_8} == bars_at_8, (bars_before, bars_at_8)
+    assert bars_after and {k: bars_after[k] for k in bars_at_16} == bars_at_16, (bars_after, bars_at_16)
+    assert bars_after["drawn"] >= 2, bars_after
     assert not errors, errors
     assert (ARTIFACTS / "browser_voila.png").stat().st_size > 10_000
 

@@ -79,7 +79,7 @@ def test_estimate_changes_when_the_batch_changes(panel):
         mesh={"data": 8, "fsdp": 1, "model": 1},
     )
     assert panel.estimate.total_bytes == direct.total_bytes
-    bars = {t.name: t.x[0] for t in panel.memory_figure.data}
+    bars = {t.name: t.x[0] for t in panel.memory_figure.figure.data}
     assert sum(bars.values()) == pytest.approx(direct.total_bytes / 1024**3)
 
 
@@ -138,13 +138,13 @@ def test_bucket_preview_follows_the_bucket_count(panel, lengths):
         [min(n, 256) for n in lengths], 2, multiple_of=8, max_length=256, strategy="optimal"
     )
     assert two.boundaries == expected.boundaries
-    assert len(panel.length_figure.layout.shapes) == len(two.boundaries)
+    assert len(panel.length_figure.figure.layout.shapes) == len(two.boundaries)
     panel.set(buckets=6)
     six = panel.plan
     assert len(six.boundaries) > len(two.boundaries) and six.efficiency >= two.efficiency
-    assert [s.x0 for s in panel.length_figure.layout.shapes] == six.boundaries
+    assert [s.x0 for s in panel.length_figure.figure.layout.shapes] == six.boundaries
     assert f"{100 * six.efficiency:.1f}%" in panel.buckets_html.value
-    assert len(panel.length_figure.data[0].x) == len(lengths)
+    assert len(panel.length_figure.figure.data[0].x) == len(lengths)
 
 
 def test_config_and_yaml_round_trip(panel):
@@ -396,8 +396,8 @@ def test_lora_rank_makes_a_7b_model_fit_a_v5e_1(lengths):
 
 # ---- the memory bar's scale ----------------------------------------------------------
 def _memory_bar(fig) -> dict:
-    """What the page draws (the figure's synced state): axis end, estimate, the marks named "limit"."""
-    layout, data = fig._widget_layout, fig._widget_data
+    """What the page draws (the view's synced look): axis end, estimate, the marks named "limit"."""
+    layout, data = fig.look["layout"], fig.look["styles"]
     return {
         "top": layout["xaxis"]["range"][1],
         "segments": [t["x"][0] for t in data],
@@ -426,7 +426,7 @@ def test_a_100_mib_estimate_on_a_16_gib_chip_is_readable(lengths):
     assert label["text"] == "axis zoomed · limit 16.00 GiB →"
     assert (label["xref"], label["x"], label["xanchor"]) == ("paper", 1, "right")
     assert bar["ticks"][0] == "0" and all(t.endswith(" MiB") for t in bar["ticks"][1:])
-    assert panel.memory_figure.data[0].hovertemplate.startswith("params: ")
+    assert panel.memory_figure.figure.data[0].hovertemplate.startswith("params: ")
 
 
 @pytest.mark.parametrize("share", [0.001, 0.05, 0.5, 0.71, 0.75, 0.79, 0.81, 0.9, 1.0, 1.3, 4.0])
@@ -446,7 +446,7 @@ def test_the_estimate_spans_most_of_the_axis_and_the_limit_is_always_marked(shar
     assert (
         f"limit {limit / GiB:.2f} GiB" in label["text"] or f"limit {limit / 2**20:.2f} MiB" in label["text"]
     )
-    usable = [s for s in fig.layout.shapes if s.name == "usable"]
+    usable = [s for s in fig.figure.layout.shapes if s.name == "usable"]
     # the usable memory (90% of the limit) is on a zoomed axis from 72% of the limit on
     assert bool(usable) == (share > 0.72) and all(u.x0 == pytest.approx(0.9 * limit / GiB) for u in usable)
     if share < 0.8:
@@ -514,8 +514,8 @@ def test_auto_bucket_count_draws_the_trade_off_and_marks_the_choice(panel, lengt
         max_length=256,
     )
     assert panel.plan.boundaries == expected.boundaries and panel.buckets.disabled
-    assert [s.x0 for s in panel.length_figure.layout.shapes] == expected.boundaries
-    compile_bar, steps_bar, star, slider_mark = panel.tradeoff_figure.data
+    assert [s.x0 for s in panel.length_figure.figure.layout.shapes] == expected.boundaries
+    compile_bar, steps_bar, star, slider_mark = panel.tradeoff_figure.figure.data
     assert list(compile_bar.y) == pytest.approx([5.0 * k for k in compile_bar.x])
     totals = [c + s for c, s in zip(compile_bar.y, steps_bar.y)]
     assert list(star.x) == [expected.num_shapes] and star.y[0] == pytest.approx(min(totals))
@@ -525,7 +525,7 @@ def test_auto_bucket_count_draws_the_trade_off_and_marks_the_choice(panel, lengt
     before = panel.plan.num_shapes
     panel.auto_buckets.compile_seconds.set_state({"value": 500.0})
     assert panel.plan.num_shapes <= before and panel.bucket_choice.compile_seconds == 500.0
-    assert list(panel.tradeoff_figure.data[2].x) == [panel.plan.num_shapes]
+    assert list(panel.tradeoff_figure.figure.data[2].x) == [panel.plan.num_shapes]
 
 
 def test_a_fixed_bucket_count_is_compared_with_the_auto_choice(panel):
@@ -535,7 +535,7 @@ def test_a_fixed_bucket_count_is_compared_with_the_auto_choice(panel):
     # "measure at run start": the config leaves both costs to the trainer
     assert cfg.bucketing.compile_seconds is None and cfg.bucketing.seconds_per_padded_token is None
     choice = panel.bucket_choice
-    mark = panel.tradeoff_figure.data[3]
+    mark = panel.tradeoff_figure.figure.data[3]
     assert list(mark.x) == [12] and mark.y[0] == pytest.approx(choice.predicted_seconds(12))
     assert mark.y[0] >= choice.predicted_total_s  # the choice is the least predicted time
     assert "would pick" in panel.tradeoff_html.value and "measures them" in panel.tradeoff_html.value

@@ -7,6 +7,7 @@ import warnings
 import plotly.graph_objects as go
 import pytest
 
+from widgets.live_plot import FigureView
 from widgets.mesh_view import mesh_figure, mesh_view, parameter_group_rows, split_kind
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
@@ -77,12 +78,67 @@ def test_pure_data_parallel_is_replicated_everywhere(model):
     assert split_kind((None, ("fsdp", "model"))) == "fsdp+model"
 
 
-def test_mesh_view_is_a_widget_with_its_state_synced(model):
+def test_mesh_view_is_a_figure_view_whose_synced_look_is_the_whole_figure(model):
     report = plan(model, {"data": 2, "fsdp": 4, "model": 1})
     widget = mesh_view(report)
-    assert isinstance(widget, go.FigureWidget)
-    # The synced state carries the data (a page that attaches late draws the same thing).
-    assert len(widget._widget_data) == len(widget.data) and widget._widget_data[0]["z"]
+    assert isinstance(widget, FigureView) and isinstance(widget.figure, go.Figure)
+    # The channel's synced look carries every trace with its data (a page that attaches late draws it).
+    look = widget.channel.get_state()["look"]
+    assert look["whole"] and len(look["styles"]) == len(widget.figure.data)
+    assert look["styles"][0]["z"] == [list(row) for row in widget.figure.data[0].z]
+    assert look["layout"]["title"]["text"] == widget.figure.layout.title.text
+
+
+class WholeFigurePage:
+    """What live_plot.js does with a FigureView's synced traits, in Python: draw the look of each
+    numbered message in order; on a gap (a missed message) ask for the state and the look again."""
+
+    def __init__(self, view: FigureView):
+        state = view.channel.get_state()  # what a page gets when it attaches
+        self.look, self.seq, self.snapshots = state["look"], state["state"]["seq"], 0
+
+    def receive(self, look: dict, delta: dict, view: FigureView) -> None:
+        if delta["base"] != self.seq:
+            view.channel._on_frontend_message(view.channel, {"type": "snapshot", "have": self.seq}, [])
+            resent = view.channel.get_state(["look", "state"])  # what that request sends back
+            self.look, self.seq = resent["look"], resent["state"]["seq"]
+            self.snapshots += 1
+            return
+        self.look, self.seq = look, delta["seq"]
+
+
+def test_a_redrawn_figure_after_a_missed_message_is_recovered_from_the_state(model):
+    report = plan(model, {"data": 2, "fsdp": 2, "model": 2})
+    view = mesh_view(report)
+    page = WholeFigurePage(view)
+    assert view.redraw() is None  # nothing changed: nothing sent
+
+    view.figure.update_layout(title_text="redrawn once")
+    delta = view.redraw()  # the look and the delta travel in one message
+    page.receive(view.look, delta, view)
+    assert page.look["layout"]["title"]["text"] == "redrawn once" and page.snapshots == 0
+
+    view.figure.data[0].z = [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+    view.redraw()  # this message never reaches the page
+    view.figure.layout.shapes = [dict(type="line", x0=0, x1=1, y0=0, y1=1)]
+    view.figure.update_layout(title_text="redrawn three times")
+    delta = view.redraw()
+    page.receive(view.look, delta, view)  # base 2 != page's 1: a gap, so it asks again
+
+    assert page.snapshots == 1 and page.seq == view.seq == 3 and view.channel.snapshot_requests == 1
+    assert page.look == view.look and page.look["rev"] == 3
+    drawn = page.look["styles"][0]["z"]
+    assert drawn == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
+    assert page.look["layout"]["shapes"][0]["x1"] == 1
+    assert page.look["layout"]["title"]["text"] == "redrawn three times"
+
+
+def test_a_figure_view_refuses_what_is_not_a_figure(model):
+    with pytest.raises(TypeError, match=r"go\.Figure"):
+        FigureView({"data": []})
+    view = mesh_view(plan(model, {"data": 8, "fsdp": 1, "model": 1}))
+    with pytest.raises(TypeError, match="redraw"):
+        view.update([])
 
 
 def test_empty_report_is_refused():

@@ -6,7 +6,8 @@ seconds per shape, microseconds per padded token), or "measure both at run start
 then leaves them unset and the trainer measures them on the run's first shape). The panel asks
 it for its config overrides and for the costs to preview with.
 
-`new_tradeoff_figure` / `draw_tradeoff` draw a `workbench.data.bucket_choice.BucketChoice`: per
+`new_tradeoff_figure` (a `widgets.live_plot.FigureView`) / `draw_tradeoff` (on it or on a plain
+`go.Figure`) draw a `workbench.data.bucket_choice.BucketChoice`: per
 number of shapes K, the predicted seconds spent compiling and spent on (padded) training steps,
 stacked, with the K that minimises their sum marked, and the slider's K when 'auto' is off.
 """
@@ -19,7 +20,8 @@ from typing import Any
 import ipywidgets as ipw
 import plotly.graph_objects as go
 
-from widgets.figures import sync_state
+from widgets.figures import Drawable, figure_of, publish
+from widgets.live_plot import FigureView
 
 PREVIEW_COMPILE_SECONDS = 10.0
 """Compile seconds per shape previewed when the config leaves it to be measured."""
@@ -68,7 +70,7 @@ class AutoBucketControls:
         }
 
 
-def new_tradeoff_figure() -> go.FigureWidget:
+def new_tradeoff_figure() -> FigureView:
     """An empty stacked bar of predicted seconds per number of shapes (filled by `draw_tradeoff`)."""
     fig = go.Figure()
     fig.add_trace(go.Bar(x=[], y=[], name="compiling", marker={"color": _COMPILE_COLOR}))
@@ -91,11 +93,12 @@ def new_tradeoff_figure() -> go.FigureWidget:
         template="plotly_white",
         legend={"orientation": "h", "y": -0.25},
     )
-    return go.FigureWidget(fig)
+    return FigureView(fig, name="predicted run time")
 
 
-def draw_tradeoff(fig: go.FigureWidget, choice: Any, fixed_shapes: int | None = None) -> None:
+def draw_tradeoff(target: Drawable, choice: Any, fixed_shapes: int | None = None) -> None:
     """Draw `choice`'s curve; mark its K, and `fixed_shapes` (the slider's K) when 'auto' is off."""
+    fig = figure_of(target)
     rows = choice.curve()
     shapes = [r["shapes"] for r in rows]
     total = {r["shapes"]: r["total_s"] for r in rows}
@@ -112,7 +115,7 @@ def draw_tradeoff(fig: go.FigureWidget, choice: Any, fixed_shapes: int | None = 
             f"Predicted run time by number of shapes ({choice.epochs:.3g} epochs, "
             f"{choice.compile_seconds:.3g} s/shape, {choice.seconds_per_padded_token * 1e6:.3g} µs/padded token)"
         )
-    sync_state(fig)
+    publish(target)
 
 
 def tradeoff_readout(choice: Any, *, auto: bool, measured: bool) -> str:

@@ -13,8 +13,10 @@ here turn those into
 - the HTML of the readouts: estimate, fits sign, largest batch, trainable parameters (all, or
   the LoRA adapters), bucket efficiency, error, YAML (the ``*_readout`` functions).
 
-Figures are edited in place in one batched update and their synced state refreshed
-(`widgets.figures.sync_state`), so a page that attaches late draws them too.
+The figures are `widgets.live_plot.FigureView`s (a `go.Figure` held in Python, sent whole on
+each redraw, so every page draws the latest one whatever its load timing); the draw functions
+edit the figure in one batched update, then send it (`widgets.figures`), and draw a plain
+`go.Figure` just as well.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from widgets.figures import sync_state
+from widgets.figures import Drawable, figure_of, publish
+from widgets.live_plot import FigureView
 from workbench.units import GiB, KiB, MiB, format_bytes
 
 # One colour per breakdown part, stable when parts come and go (e.g. no optimizer state with SGD).
@@ -44,7 +47,7 @@ BREAKDOWN_COLORS = {
 
 
 # ---- figures -----------------------------------------------------------------------
-def new_memory_figure() -> go.FigureWidget:
+def new_memory_figure() -> FigureView:
     """An empty stacked bar for the memory per device (filled by `draw_memory`)."""
     bars = go.Figure()
     bars.update_layout(
@@ -55,10 +58,10 @@ def new_memory_figure() -> go.FigureWidget:
         template="plotly_white",
         legend={"orientation": "h", "y": -0.15},
     )
-    return go.FigureWidget(bars)
+    return FigureView(bars, name="memory per device")
 
 
-def new_length_figure(lengths: np.ndarray | None) -> go.FigureWidget:
+def new_length_figure(lengths: np.ndarray | None) -> FigureView:
     """The histogram of `lengths` (empty when None); `draw_bucket_plan` marks the boundaries."""
     hist = go.Figure()
     hist.add_trace(go.Histogram(x=[], nbinsx=60, name="sequences", marker={"color": "#1f77b4"}))
@@ -71,13 +74,12 @@ def new_length_figure(lengths: np.ndarray | None) -> go.FigureWidget:
         template="plotly_white",
         showlegend=False,
     )
-    fig = go.FigureWidget(hist)
     if lengths is not None:
-        fig.data[0].x = lengths.tolist()
-    return fig
+        hist.data[0].x = lengths.tolist()
+    return FigureView(hist, name="token lengths")
 
 
-def draw_memory(fig: go.FigureWidget, est: Any, limit: int | None, headroom: float) -> None:
+def draw_memory(target: Drawable, est: Any, limit: int | None, headroom: float) -> None:
     """Draw the estimate's breakdown (a `MemoryEstimate`) against `limit` bytes per device.
 
     The scale keeps the estimate readable at any size: the estimate always spans at least
@@ -98,6 +100,7 @@ def draw_memory(fig: go.FigureWidget, est: Any, limit: int | None, headroom: flo
     The limit's shapes and annotation are named "limit" (the usable line "usable", the shaded
     zone "over the limit"). With no `limit` (memory unknown) the axis fits the estimate.
     """
+    fig = figure_of(target)
     total = est.total_bytes
     names = [k for k, v in est.breakdown.items() if v]
     with fig.batch_update():
@@ -124,8 +127,7 @@ def draw_memory(fig: go.FigureWidget, est: Any, limit: int | None, headroom: flo
         fig.layout.title.text = f"Memory per device: {format_bytes(total)}" + (
             f" of {limit / GiB:.1f} GiB" if limit else ""
         )
-    # The figures live inside a VBox: keep their synced state current for pages that attach late.
-    sync_state(fig)
+    publish(target)
 
 
 # The memory bar's scale (see `draw_memory`): a zoomed axis ends where the estimate fills
@@ -187,8 +189,9 @@ def _byte_ticks(top: float) -> tuple[list[float], list[str]]:
     return [v * unit / GiB for v in values], [f"{v:g} {unit_name}" if v else "0" for v in values]
 
 
-def draw_bucket_plan(fig: go.FigureWidget, plan: Any) -> None:
+def draw_bucket_plan(target: Drawable, plan: Any) -> None:
     """Mark a `BucketPlan`'s boundaries on the length histogram and title it with its efficiency."""
+    fig = figure_of(target)
     with fig.batch_update():
         fig.layout.shapes = [
             dict(
@@ -205,7 +208,7 @@ def draw_bucket_plan(fig: go.FigureWidget, plan: Any) -> None:
         fig.layout.title.text = (
             f"Token lengths · {len(plan.boundaries)} buckets · efficiency {100 * plan.efficiency:.1f}%"
         )
-    sync_state(fig)
+    publish(target)
 
 
 # ---- readouts (HTML) ---------------------------------------------------------------

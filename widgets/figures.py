@@ -1,23 +1,34 @@
-"""Helpers for plotly `FigureWidget`s that must look right in any frontend, early or late.
+"""Draw functions that take either a `go.Figure` or a `FigureView` showing one.
 
-A `FigureWidget` sends later edits to the browser as one-off messages (``_py2js_update``,
-``_py2js_relayout``, ...) and keeps its *initial* state in the synced ``_widget_data`` /
-``_widget_layout`` traits. A frontend that connects after the edits — Voilà (it executes the
-notebook before the page attaches), a reloaded page, a notebook saved with widget state, a
-figure nested in a ``VBox`` (never passed through ``_repr_mimebundle_``) — only gets that
-initial state: the page shows axes and no traces. `sync_state` copies the current figure into
-those traits after each batch of edits, which is what plotly itself does when a figure is
-displayed; the browser's model ignores later changes to them, so live views are not redrawn twice.
+The config panel's and the sharding map's figures are redrawn from the kernel, so on a page
+they are `widgets.live_plot.FigureView`s (plotly's `FigureWidget` misses later updates on a page
+whose models took over 2 s to load: see widgets/live_plot.py). Their draw functions edit the
+`go.Figure` in Python and then send it; `figure_of` gives the figure to edit and `publish` sends
+it, so the same functions draw a plain `go.Figure` too (tests, exports, static HTML).
 """
 
 from __future__ import annotations
 
-from copy import deepcopy
+from typing import TypeAlias
 
 import plotly.graph_objects as go
 
+from widgets.live_plot import FigureView
 
-def sync_state(fig: go.FigureWidget) -> None:
-    """Make the widget's synced state equal the figure as it is now."""
-    fig._widget_layout = deepcopy(fig._layout_obj._props)
-    fig._widget_data = deepcopy(fig._data)
+Drawable: TypeAlias = go.Figure | FigureView
+"""What a draw function accepts: a figure, or a view of one on the page."""
+
+
+def figure_of(target: Drawable) -> go.Figure:
+    """The `go.Figure` to edit: `target` itself, or the figure a `FigureView` shows."""
+    if isinstance(target, FigureView):
+        return target.figure
+    if isinstance(target, go.Figure):
+        return target
+    raise TypeError(f"expected a plotly go.Figure or a FigureView, got {type(target).__name__}")
+
+
+def publish(target: Drawable) -> None:
+    """Send the edited figure to every page showing it (nothing to send for a plain figure)."""
+    if isinstance(target, FigureView):
+        target.redraw()

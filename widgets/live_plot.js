@@ -6,8 +6,10 @@
 // delta, state) instead of trusting that it saw every message: on any change, and once a second
 // in case a change event never reached it. A delta numbered right after what the view drew is
 // appended with Plotly.extendTraces; a gap (the view rendered mid-stream, or lost a message)
-// asks the kernel for the whole state. Each view records, per update, the kernel's time stamp
-// and Date.now() once drawn, so tests and benches read the kernel-to-page latency from the page.
+// asks the kernel for the whole state (and the look). A FigureView's look holds the whole figure
+// (`look.whole`), redrawn as one piece on each revision. Each view records, per update, the
+// kernel's time stamp and Date.now() once drawn, so tests and benches read the kernel-to-page
+// latency from the page.
 
 const CONFIG = { displaylogo: false, responsive: true };
 const LOG_LIMIT = 5000;
@@ -41,8 +43,13 @@ async function render({ model, el }) {
   const channel = await model.widget_manager.get_model(model.get("channel_id"));
 
   async function drawAll(look, traces, seq) {
-    const data = look.styles.map((style, i) => traceOf(style, traces[i] || { x: [], y: [] }));
-    await Plotly.react(gd, data, look.layout, CONFIG);
+    // Whole-figure mode (FigureView): the look's traces are complete and carry their own data.
+    // Copies, since plotly writes into what it is given and the look is the model's own value.
+    const data = look.whole
+      ? structuredClone(look.styles)
+      : look.styles.map((style, i) => traceOf(style, traces[i] || { x: [], y: [] }));
+    const layout = look.whole ? structuredClone(look.layout) : look.layout;
+    await Plotly.react(gd, data, layout, CONFIG);
     view.seq = seq;
     view.lookRev = look.rev;
   }
@@ -107,6 +114,7 @@ async function render({ model, el }) {
       }
     }
     gd.dataset.seq = String(view.seq);
+    gd.dataset.rev = String(view.lookRev);
   }
 
   let queue = Promise.resolve();

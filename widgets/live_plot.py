@@ -25,6 +25,12 @@ reconciles against:
   state (a page attaching late, Voilà, a reload, a saved notebook), and a view that sees a gap in
   the numbers asks for it with a message.
 
+`FigureView` is the same plot in whole-figure mode, for figures redrawn from the kernel rather
+than appended to (the config panel's bars and histogram, the sharding map): it holds a
+`go.Figure` in Python and each `redraw` sends the whole figure (every trace with its data, the
+layout with its shapes and annotations) as the next ``look`` revision, with an empty numbered
+delta so a page that missed one still sees the gap and asks for the state again.
+
 The front end (``live_plot.js``) draws with the plotly.js that the plotly package ships (no
 CDN, no network). `DecimatedSeries` bounds what is drawn per trace
 (bucket minimum and maximum, so spikes survive) while the caller keeps the full history.
@@ -41,6 +47,7 @@ from typing import Any
 
 import anywidget
 import ipywidgets as ipw
+import plotly.graph_objects as go
 import traitlets
 
 _MODULE = Path(__file__).with_name("live_plot.js")
@@ -147,11 +154,15 @@ class LiveChannel(ipw.Widget):
     delta = traitlets.Dict().tag(sync=True)
     state = traitlets.Dict().tag(sync=True)
 
-    def __init__(self, layout: dict[str, Any], styles: list[dict[str, Any]]) -> None:
+    def __init__(self, layout: dict[str, Any], styles: list[dict[str, Any]], *, whole: bool = False) -> None:
         self.seq = 0
         self.snapshot_requests = 0
-        self._data = [TraceData([], []) for _ in styles]
-        super().__init__(look={"layout": layout, "styles": styles, "rev": 0})
+        # Whole-figure mode: the look's "styles" are complete traces (data included), no live points.
+        self._data = [] if whole else [TraceData([], []) for _ in styles]
+        look: dict[str, Any] = {"layout": layout, "styles": styles, "rev": 0}
+        if whole:
+            look["whole"] = True
+        super().__init__(look=look)
         self.on_msg(self._on_frontend_message)
 
     @property
@@ -167,6 +178,8 @@ class LiveChannel(ipw.Widget):
         styles: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any] | None:
         """Send what changed in one comm message; returns the delta sent (None if nothing changed)."""
+        if self.look.get("whole"):
+            raise ValueError("this channel draws whole figures (whole=True): use redraw_whole")
         if len(data) != len(self._data):
             raise ValueError(f"data has {len(data)} traces, the plot has {len(self._data)}")
         layout = self.look["layout"] if layout is None else layout
@@ -191,6 +204,19 @@ class LiveChannel(ipw.Widget):
                 self.delta = delta
         return delta
 
+    def redraw_whole(self, layout: dict[str, Any], traces: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Whole-figure mode: send `layout` and complete `traces` as the next look revision, with an
+        empty numbered delta in the same message; returns the delta (None if nothing changed)."""
+        if not self.look.get("whole"):
+            raise ValueError("redraw_whole needs a channel created with whole=True (live points use update)")
+        if layout == self.look["layout"] and traces == self.look["styles"]:
+            return None
+        with self.hold_sync():
+            self.look = {"layout": layout, "styles": traces, "rev": self.look["rev"] + 1, "whole": True}
+            self.seq += 1
+            self.delta = {"seq": self.seq, "base": self.seq - 1, "t": 1000 * time.time(), "traces": []}
+        return self.delta
+
     def snapshot(self) -> dict[str, Any]:
         """The whole drawn figure at the latest update number."""
         return {"seq": self.seq, "t": 1000 * time.time(), "traces": [t.to_json() for t in self._data]}
@@ -205,7 +231,8 @@ class LiveChannel(ipw.Widget):
         # A view that saw a gap in the numbers (it rendered mid-stream or lost a message).
         if isinstance(content, dict) and content.get("type") == "snapshot":
             self.snapshot_requests += 1
-            self.send_state("state")
+            # The look too: the message the view missed may have carried a new look revision.
+            self.send_state(["look", "state"])
 
 
 class LivePlot(anywidget.AnyWidget):
@@ -255,6 +282,56 @@ class LivePlot(anywidget.AnyWidget):
 
     def snapshot(self) -> dict[str, Any]:
         return self.channel.snapshot()
+
+
+def _plain(value: Any) -> Any:
+    """numpy arrays and scalars as lists and numbers (what the comm's JSON can carry)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def figure_json(figure: go.Figure) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A figure's layout and complete traces as plain JSON values (numpy arrays as lists).
+
+    Read from the figure's own dicts rather than `to_plotly_json`, which (plotly >= 6) encodes
+    numpy arrays as base64 typed-array specs: the page draws either, but the look then stays
+    readable and comparable in Python.
+    """
+    layout = json.loads(json.dumps(figure._layout, default=_plain))
+    traces = json.loads(json.dumps(figure._data, default=_plain))
+    return layout, traces
+
+
+class FigureView(LivePlot):
+    """A `go.Figure` redrawn from the kernel that every page draws as it is now, however late it
+    renders: edit `.figure` in Python, then call `redraw()` (see the module docstring).
+
+    Args:
+        figure: the figure to show (held, not copied: later edits to it are drawn on `redraw`).
+        name: a label for the page (tests find the plot by it).
+    """
+
+    def __init__(self, figure: go.Figure, *, name: str = "") -> None:
+        if not isinstance(figure, go.Figure):
+            raise TypeError(f"figure must be a plotly go.Figure, got {type(figure).__name__}")
+        self._figure = figure
+        layout, traces = figure_json(figure)
+        self.channel = LiveChannel(layout, traces, whole=True)
+        anywidget.AnyWidget.__init__(self, name=name, channel_id=self.channel.model_id)
+
+    @property
+    def figure(self) -> go.Figure:
+        """The figure in Python (what the page draws after the latest `redraw`)."""
+        return self._figure
+
+    def redraw(self) -> dict[str, Any] | None:
+        """Send the figure as it is now to every page; returns the delta sent (None if unchanged)."""
+        layout, traces = figure_json(self._figure)
+        return self.channel.redraw_whole(layout, traces)
+
+    def update(self, *_args: Any, **_kwargs: Any) -> dict[str, Any] | None:
+        raise TypeError("a FigureView draws a whole figure: edit .figure and call redraw()")
 
 
 def message_bytes(payload: Any) -> int:

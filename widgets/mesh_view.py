@@ -8,7 +8,8 @@ Three panels:
    bytes one device holds against the unsharded size, coloured by how it is split;
 3. the tile map of one parameter: which device holds which slice of it.
 
-`mesh_figure` returns a static `go.Figure`; `mesh_view` wraps it in a `FigureWidget`.
+`mesh_figure` returns a static `go.Figure`; `mesh_view` shows it as a `widgets.live_plot.FigureView`
+(plotly's `FigureWidget` can miss its state on a page whose models were slow to load).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from widgets.figures import sync_state
+from widgets.live_plot import FigureView
 from workbench.units import MiB
 
 SPLIT_COLORS = {
@@ -195,8 +196,6 @@ def mesh_figure(report: Any, *, parameter: str | None = None) -> go.Figure:
     return fig
 
 
-def mesh_view(report: Any, *, parameter: str | None = None) -> go.FigureWidget:
-    """A `FigureWidget` of `mesh_figure(report, parameter=...)` (display it on its own)."""
-    widget = go.FigureWidget(mesh_figure(report, parameter=parameter))
-    sync_state(widget)
-    return widget
+def mesh_view(report: Any, *, parameter: str | None = None) -> FigureView:
+    """A `FigureView` of `mesh_figure(report, parameter=...)`; `.figure` is the `go.Figure`."""
+    return FigureView(mesh_figure(report, parameter=parameter), name="sharding map")
