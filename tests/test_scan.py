@@ -170,6 +170,8 @@ def test_scanned_training_matches_unrolled(xla_scenario, case):
     assert scanned["layers_moved"] == [True] * params["layers"]
     assert scanned["state_dict_keys"] == unrolled["state_dict_keys"]
     assert scanned["compiles"] <= unrolled["compiles"]
+    assert scanned["layer_traces"] > 0  # the first step traced the layer ...
+    assert scanned["layer_traces_after_first_step"] == 0  # ... and the later steps reused its trace
     if params.get("remat"):
         assert scanned["remat"] and not scanned["hf_checkpointing"] and unrolled["hf_checkpointing"]
     if params.get("lora"):

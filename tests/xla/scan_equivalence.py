@@ -5,7 +5,8 @@ with ``scan=True`` (`workbench.models.scan`) and once without, then trained `ste
 steps by the same hand-written step (forward with an attention mask, the model's own loss,
 backward, optimizer step, one sync). Reported for each: the losses, the programs compiled,
 which decoder layers' trainable parameters moved, the state_dict keys; for the scanned one,
-whether the scan is installed and whether transformers' own per-layer checkpointing is off.
+whether the scan is installed, whether transformers' own per-layer checkpointing is off, and
+how often the layer was traced in Python after the first step (never: the trace is cached).
 """
 
 from __future__ import annotations
@@ -18,12 +19,25 @@ from tests.tiny import tiny
 from tests.xla import run
 from workbench.backend import runtime
 from workbench.config import WorkbenchConfig
+from workbench.models import scan as scan_module
 from workbench.models.build import build_model
 from workbench.models.inputs import model_inputs
 from workbench.models.scan import scanned_layers
 from workbench.train.trainer import prepare_model
 
 BATCH, LENGTH = 2, 24
+LAYER_TRACES = [0]
+"""Calls of a scanned layer's Python forward: only tracing calls it (the scan then runs the trace)."""
+
+
+def count_layer_traces() -> None:
+    forward = scan_module._LayerForward.forward
+
+    def counted(self, *args, **kwargs):
+        LAYER_TRACES[0] += 1
+        return forward(self, *args, **kwargs)
+
+    scan_module._LayerForward.forward = counted
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -51,7 +65,10 @@ def train(family: str, layers: int, steps: int, *, scan: bool, remat: bool, lora
     ids = torch.randint(3, 500, (BATCH, LENGTH), generator=torch.Generator().manual_seed(1)).to(dev)
     compiles = runtime.compile_count()
     losses = []
-    for _ in range(steps):
+    traces_after_first_step = 0
+    for step in range(steps):
+        if step == 1:
+            traces_after_first_step = LAYER_TRACES[0]
         batch = {"input_ids": ids}
         loss = model(**model_inputs(batch, model), labels=ids).loss
         loss.backward()
@@ -60,6 +77,7 @@ def train(family: str, layers: int, steps: int, *, scan: bool, remat: bool, lora
         losses.append(loss.detach())
         runtime.sync()
     compiles = runtime.compile_count() - compiles
+    retraces = LAYER_TRACES[0] - traces_after_first_step
     moved = []
     for layer, start in zip(decoder_layers(model), before):
         now = dict(layer.named_parameters())
@@ -72,6 +90,8 @@ def train(family: str, layers: int, steps: int, *, scan: bool, remat: bool, lora
         "trainable_per_layer": len(before[0]),
         "state_dict_keys": sorted(model.state_dict()),
         "scanned": stack is not None,
+        "layer_traces_after_first_step": retraces,
+        "layer_traces": LAYER_TRACES[0],
         "remat": bool(stack.remat) if stack is not None else None,
         "hf_checkpointing": any(getattr(m, "gradient_checkpointing", False) for m in decoder_layers(model)),
     }
@@ -81,6 +101,7 @@ def main(
     family: str = "llama", layers: int = 4, steps: int = 3, remat: bool = False, lora: bool = False
 ) -> dict:
     kwargs = dict(remat=remat, lora=lora)
+    count_layer_traces()
     return {
         "unrolled": train(family, layers, steps, scan=False, **kwargs),
         "scanned": train(family, layers, steps, scan=True, **kwargs),
