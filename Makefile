@@ -33,14 +33,16 @@ test: venv browser-deps lint
 demo: venv
 	$(PY) -m workbench demo
 
-bench: venv
+bench: venv browser-deps
 	PJRT_DEVICE=CPU $(PY) bench/bucketing.py
+	PJRT_DEVICE=CPU $(PY) bench/bucketing.py --auto
 	PJRT_DEVICE=CPU $(PY) bench/sharding.py
 	PJRT_DEVICE=CPU $(PY) bench/memory.py
 	PJRT_DEVICE=CPU $(PY) bench/profiling.py
 	PJRT_DEVICE=CPU $(PY) bench/train.py
 	PJRT_DEVICE=CPU $(PY) bench/generate.py
 	PJRT_DEVICE=CPU $(PY) bench/compile.py
+	PJRT_DEVICE=CPU $(PY) bench/compile_log_cost.py
 	$(PY) bench/frontends.py
 
 clean:
