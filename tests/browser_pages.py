@@ -120,7 +120,9 @@ def jupyterlab(root: Path, tmp: Path) -> Iterator[str]:
     env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp / "lab-workspaces")
     argv = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}"]
     argv += ["--ServerApp.token=", "--ServerApp.password=", "--ServerApp.ip=127.0.0.1"]
-    argv += ["--ServerApp.disable_check_xsrf=True"]  # a local test server: the bench shuts kernels down over REST
+    argv += [
+        "--ServerApp.disable_check_xsrf=True"
+    ]  # a local test server: the bench shuts kernels down over REST
     argv += [f"--ServerApp.root_dir={root}"]
     with _server(argv, port, tmp, env, "jupyterlab"):
         yield f"http://127.0.0.1:{port}"
