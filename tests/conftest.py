@@ -30,7 +30,8 @@ SCENARIOS = Path(__file__).resolve().parent / "xla"
 
 
 def xla_env(devices: int = 8, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    # torch_xla's debug settings come only from `extra`: a scenario never inherits another's log
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
     env.update({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": str(devices), "PYTHONUNBUFFERED": "1"})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

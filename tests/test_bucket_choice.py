@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.config import WorkbenchConfig
+from workbench.config import ConfigError, WorkbenchConfig
 from workbench.data import BucketChoice, choose_buckets, training_epochs
 from workbench.data.buckets import padded_tokens_for, plan_buckets, round_up
 from workbench.data.loader import make_loader, plan_for_config
@@ -185,8 +185,13 @@ def test_loader_auto_without_costs_means_no_compile_cost():
     assert plan.boundaries == sorted(set(round_up(np.minimum(ds["length"], 128), 8).tolist()) | {128})
 
 
-def test_loader_auto_needs_the_optimal_strategy():
-    cfg = WorkbenchConfig().with_overrides({"bucketing.max_buckets": "auto", "bucketing.strategy": "pow2"})
+def test_auto_needs_the_optimal_strategy():
+    with pytest.raises(
+        ConfigError, match=re.escape("bucketing.strategy='pow2' is not allowed: max_buckets 'auto'")
+    ):
+        WorkbenchConfig().with_overrides({"bucketing.max_buckets": "auto", "bucketing.strategy": "pow2"})
+    cfg = WorkbenchConfig().with_overrides({"bucketing.strategy": "pow2"})
+    cfg.bucketing.max_buckets = "auto"  # set past validation: the planner refuses it too
     with pytest.raises(
         ValueError,
         match=re.escape("bucketing.strategy='pow2' is not allowed with bucketing.max_buckets='auto'"),
@@ -226,6 +231,18 @@ def test_auto_run_trains_on_the_chosen_plan_and_compiles_nothing_after_warmup(au
         and len(auto_run["boundaries"]) == auto_run["choice"]["chosen_shapes"]
     )
     assert len(auto_run["boundaries"]) >= 2  # a small compile cost: several shapes are worth it
+    # one plan whatever the batch (a growing batch keeps its boundaries)
+    assert auto_run["boundaries_at_double_batch"] == auto_run["boundaries"]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_auto_run_with_its_programs_already_compiled_does_not_read_a_zero_compile_cost(auto_run):
+    measured = auto_run["again_measurement"]
+    assert measured["programs"] == 0  # the shape was compiled by the first run in this process
+    assert measured["compile_seconds"] > 0.05  # this process's mean compile, not a ~0 figure
+    assert auto_run["again_shapes"] <= len(auto_run["boundaries"]) + 1
+    assert auto_run["again_compiles_after_warmup"] == 0
     assert auto_run["lengths_trained"] == auto_run["boundaries"]
     # warm-up compiled the other shapes; the measured one (the full length) was already compiled
     assert auto_run["warmup_compiles"] == len(auto_run["boundaries"]) - 1

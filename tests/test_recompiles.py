@@ -101,7 +101,8 @@ def test_a_compile_without_memory_analysis_is_still_a_record():
 
 def test_start_run_log_switches_the_log_on_before_any_compile(monkeypatch):
     for name in ("PT_XLA_DEBUG_LEVEL", "PT_XLA_DEBUG_FILE", "PT_XLA_DEBUG_MAX_FRAME"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so what start_run_log sets is undone after the test
+        monkeypatch.delenv(name)
     assert compile_log.start_run_log(xla=False) == [] and compile_log.compile_memory_log_path() is None
     assert compile_log.start_run_log(xla=True) == []  # torch_xla has not compiled in this process
     path = compile_log.compile_memory_log_path()

@@ -62,9 +62,12 @@ def new_memory_figure() -> FigureView:
 
 
 def new_length_figure(lengths: np.ndarray | None) -> FigureView:
-    """The histogram of `lengths` (empty when None); `draw_bucket_plan` marks the boundaries."""
+    """The histogram of `lengths` (empty when None); `draw_bucket_plan` marks the boundaries.
+
+    Binned here (60 bins) rather than by plotly: each redraw re-sends the whole figure, and 60
+    bars stay small where a dataset's raw lengths would not."""
     hist = go.Figure()
-    hist.add_trace(go.Histogram(x=[], nbinsx=60, name="sequences", marker={"color": "#1f77b4"}))
+    hist.add_trace(go.Bar(x=[], y=[], name="sequences", marker={"color": "#1f77b4"}))
     hist.update_layout(
         height=260,
         margin={"l": 60, "r": 20, "t": 40, "b": 40},
@@ -74,8 +77,12 @@ def new_length_figure(lengths: np.ndarray | None) -> FigureView:
         template="plotly_white",
         showlegend=False,
     )
-    if lengths is not None:
-        hist.data[0].x = lengths.tolist()
+    if lengths is not None and len(lengths):
+        counts, edges = np.histogram(np.asarray(lengths), bins=60)
+        hist.data[0].update(
+            x=((edges[:-1] + edges[1:]) / 2).tolist(), y=counts.tolist(), width=float(edges[1] - edges[0])
+        )
+        hist.update_layout(bargap=0)
     return FigureView(hist, name="token lengths")
 
 

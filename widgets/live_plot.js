@@ -44,11 +44,12 @@ async function render({ model, el }) {
 
   async function drawAll(look, traces, seq) {
     // Whole-figure mode (FigureView): the look's traces are complete and carry their own data.
-    // Copies, since plotly writes into what it is given and the look is the model's own value.
+    // Copies, since plotly writes into what it is given (autorange, zoom) and the look is the
+    // model's own value, shared by every view of it on the page.
     const data = look.whole
       ? structuredClone(look.styles)
       : look.styles.map((style, i) => traceOf(style, traces[i] || { x: [], y: [] }));
-    const layout = look.whole ? structuredClone(look.layout) : look.layout;
+    const layout = structuredClone(look.layout);
     await Plotly.react(gd, data, layout, CONFIG);
     view.seq = seq;
     view.lookRev = look.rev;

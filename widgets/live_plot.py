@@ -254,6 +254,11 @@ class LivePlot(anywidget.AnyWidget):
         self.channel = LiveChannel(layout, styles)
         super().__init__(name=name, channel_id=self.channel.model_id)
 
+    def close(self) -> None:
+        """Close the plot and its channel (the channel's comm would otherwise stay open)."""
+        self.channel.close()
+        super().close()
+
     @property
     def look(self) -> dict[str, Any]:
         return self.channel.look

@@ -448,6 +448,12 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.max_buckets,
             "must be >= 1 or 'auto'",
         )
+        _require(
+            obj.max_buckets != "auto" or obj.strategy in ("optimal", "none") or obj.packing,
+            f"{p}strategy",
+            obj.strategy,
+            "max_buckets 'auto' chooses among exact optimal plans: use strategy 'optimal' or a number of buckets",
+        )
         for name in ("compile_seconds", "seconds_per_padded_token"):
             value = getattr(obj, name)
             _require(value is None or value > 0, f"{p}{name}", value, "must be > 0 or null")

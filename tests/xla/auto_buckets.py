@@ -24,7 +24,18 @@ def main(steps: int = 12, compile_seconds: float | None = 0.02) -> dict[str, Any
     trainer = Trainer(tiny_cfg(**overrides), train_dataset=token_dataset(96, lo=6, hi=128))
     result = trainer.fit()
     _, sampler = trainer.data.loader(trainer.data.train_dataset, trainer.loop.batch_size)
+    _, doubled = trainer.data.loader(trainer.data.train_dataset, 2 * trainer.loop.batch_size)
+
+    # The same shapes again in this process: nothing compiles while measuring, so the compile
+    # cost must come from elsewhere (this process's mean compile), not read as zero.
+    overrides.pop("bucketing.compile_seconds", None)
+    again = Trainer(tiny_cfg(**overrides), train_dataset=token_dataset(96, lo=6, hi=128))
+    again_result = again.fit()
     return {
+        "boundaries_at_double_batch": doubled.boundaries,
+        "again_measurement": again.data.bucket_choice.summary()["measurement"],
+        "again_shapes": again.data.bucket_choice.chosen,
+        "again_compiles_after_warmup": again_result.compiles_after_warmup,
         "steps": result.steps,
         "expected_steps": steps,
         "compiles_after_warmup": result.compiles_after_warmup,

@@ -143,6 +143,10 @@ def start_run_log(xla: bool = True) -> list[str]:
         )
         warnings.warn(message, RuntimeWarning, stacklevel=3)
         return [message]
+    user_file = os.environ.get("PT_XLA_DEBUG_FILE")
+    if user_file:  # a file without a level: keep the user's file, switch the level on
+        enable_compile_log(user_file)
+        return []
     directory = tempfile.mkdtemp(prefix="workbench-compile-log-")
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     enable_compile_log(os.path.join(directory, "compile.log"))
@@ -320,9 +324,10 @@ class CompileLogReader:
             if os.fstat(handle.fileno()).st_size < self._offset:  # a new file under the same name
                 self._offset = 0
             handle.seek(self._offset)
-            text = handle.read().decode("utf-8", errors="replace")
+            # surrogateescape round-trips any byte, so the offset stays exact on non-UTF-8 paths
+            text = handle.read().decode("utf-8", errors="surrogateescape")
         records, consumed = parse_compile_log(text, final=False)
-        self._offset += len(text[:consumed].encode("utf-8"))
+        self._offset += len(text[:consumed].encode("utf-8", errors="surrogateescape"))
         return records
 
     def skip(self) -> None:

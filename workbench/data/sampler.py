@@ -115,8 +115,9 @@ class BucketBatchSampler:
             )
 
     def _batch_size_for(self, length: int) -> int:
-        raw = self.batch_size if self.batch_size is not None else self.tokens_per_batch // max(1, length)
-        return max(self.dp_size, (int(raw) // self.dp_size) * self.dp_size)
+        return batch_rows(
+            length, batch_size=self.batch_size, tokens_per_batch=self.tokens_per_batch, dp_size=self.dp_size
+        )
 
     # ---- epochs and resuming ----
     def set_epoch(self, epoch: int) -> None:
@@ -207,3 +208,10 @@ class BucketBatchSampler:
                 for m, s, length in zip(self._groups, self._sizes, self._group_lengths)
             ],
         }
+
+
+def batch_rows(length: int, *, batch_size: int | None, tokens_per_batch: int | None, dp_size: int = 1) -> int:
+    """Rows of a batch padded to `length`: `batch_size`, or ``tokens_per_batch // length``; a
+    multiple of `dp_size` (at least one row per data-parallel replica)."""
+    raw = batch_size if batch_size is not None else int(tokens_per_batch or 0) // max(1, length)
+    return max(dp_size, (int(raw) // dp_size) * dp_size)

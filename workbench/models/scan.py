@@ -309,7 +309,9 @@ def _run_scanned(layers: ScannedLayers, hidden_states: torch.Tensor, kwargs: dic
         carried.extend(t if t.is_floating_point() else t.to(torch.float32) for t in tensors)
 
     modules = list(layers._modules.values())
-    key = (tuple(layout), static, layers.remat, _python_state(modules[0]))
+    # grad mode and which weights train decide the traced backward (torch_xla keys only on shapes)
+    trainable = tuple(p.requires_grad for p in modules[0].parameters())
+    key = (tuple(layout), static, layers.remat, _python_state(modules[0]), torch.is_grad_enabled(), trainable)
     template = _LayerForward(modules[0])
     step = layers.traced_layer(key, lambda: _layer_step(template, tuple(layout), dict(static)))
 

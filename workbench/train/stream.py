@@ -23,7 +23,7 @@ import torch
 
 from workbench.backend import runtime
 from workbench.data.bucket_choice import BucketChoice
-from workbench.data.loader import make_loader
+from workbench.data.loader import dataset_lengths, make_loader, training_epochs
 from workbench.data.records import IGNORE_INDEX
 from workbench.data.sampler import BucketBatchSampler
 
@@ -140,8 +140,15 @@ class TrainingData:
             pad_token_id=self.pad_token_id,
             dp_size=self.dp_size,
             seed=cfg.train.seed,
-            epochs=None if dataset is self.train_dataset else self.eval_passes(),
+            epochs=self.train_epochs() if dataset is self.train_dataset else self.eval_passes(),
         )
+
+    def train_epochs(self) -> float | None:
+        """Passes over the training split at the configured batch size (for ``max_buckets: auto``;
+        one figure for every training loader, so a batch that grows keeps the same plan)."""
+        if self.cfg.bucketing.max_buckets != "auto":
+            return None
+        return training_epochs(dataset_lengths(self.train_dataset), self.cfg)
 
     def eval_passes(self) -> float:
         """Passes over the eval split in the run (for ``max_buckets: auto``; at least one)."""

@@ -28,6 +28,7 @@ from workbench.backend import runtime
 from workbench.data.bucket_choice import BucketChoice
 from workbench.data.buckets import round_up
 from workbench.data.loader import dataset_lengths, plan_for_config, prewarm, synthetic_batch
+from workbench.data.sampler import batch_rows
 from workbench.train.optim import restore_optimizer_scalars
 from workbench.train.state import model_state
 from workbench.train.state_io import capture_rng, flatten_state, host_tensors, restore_rng, unflatten_state
@@ -109,6 +110,13 @@ def measure_step_costs(
     so the compile figure is then an upper bound."""
     cfg = data.cfg
     length = int(round_up(cfg.data.max_length, cfg.bucketing.multiple_of))
+    # the rows the run's loader gives that length (a token budget gives fewer): the same program
+    batch_size = batch_rows(
+        length,
+        batch_size=None if cfg.bucketing.tokens_per_batch else batch_size,
+        tokens_per_batch=cfg.bucketing.tokens_per_batch,
+        dp_size=data.dp_size,
+    )
     grad_accum = cfg.train.grad_accum
     vocab = int(engine.model.get_input_embeddings().weight.shape[0])
     fake = synthetic_batch((batch_size, length), vocab_size=vocab, pad_token_id=data.pad_token_id)
@@ -130,13 +138,22 @@ def measure_step_costs(
     runtime.wait_device_ops()
     elapsed = time.perf_counter() - start
     restore(engine, snap)
+    if not compiled:
+        # The program was already compiled in this process or loaded from the persistent cache:
+        # no compile to time. The mean of this process's compiles stands in; without any, None.
+        count = runtime.compile_count()
+        compile_s = runtime.compile_time_s() / count if count else None
     return {
-        "compile_seconds": max(compile_s, 1e-6),
+        "compile_seconds": None if compile_s is None else max(compile_s, 1e-6),
         "seconds_per_padded_token": max(elapsed, 1e-9) / (repeats * grad_accum * batch_size * length),
         "shape": [batch_size, length],
         "programs": compiled,
         "timed_steps": repeats,
     }
+
+
+FALLBACK_BUCKETS = 4
+"""Shapes ``max_buckets: auto`` allows when it cannot time a compile (the config's default count)."""
 
 
 def choose_auto_buckets(
@@ -152,6 +169,15 @@ def choose_auto_buckets(
     measurement: dict[str, Any] = {}
     if data.xla and (b.compile_seconds is None or b.seconds_per_padded_token is None):
         measurement = measure_step_costs(engine, data, batch_size=batch_size)
+        if b.compile_seconds is None and measurement["compile_seconds"] is None:
+            # Every program came from the compile cache: a compile's cost is unknown here, and a
+            # near-zero guess would plan one shape per length. Keep the default bound instead.
+            data.cfg = data.cfg.with_overrides({"bucketing.max_buckets": FALLBACK_BUCKETS})
+            notice(
+                f"bucketing.max_buckets auto: no compile to time (the programs came from the compile "
+                f"cache), so at most {FALLBACK_BUCKETS} shapes; set bucketing.compile_seconds to choose"
+            )
+            return None
         unset = [k for k in ("compile_seconds", "seconds_per_padded_token") if getattr(b, k) is None]
         data.cfg = data.cfg.with_overrides({f"bucketing.{k}": measurement[k] for k in unset})
     plan = plan_for_config(dataset_lengths(data.train_dataset), data.cfg)
