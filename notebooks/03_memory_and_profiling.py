@@ -55,6 +55,8 @@ import torch
 from widgets import Dashboard
 from workbench.analysis import StepProfiler
 from workbench.analysis.flops import training_flops_per_token
+from workbench.backend import compile_log
+from workbench.backend.compile_cache import enable_compile_cache
 from workbench.data import build_datasets
 from workbench.models import build_model
 
@@ -62,6 +64,10 @@ hw = detect()
 cfg = WorkbenchConfig().with_overrides(
     {"train.steps": steps, "train.log_every": log_every, "train.progress_bar": False, "data.max_examples": max_examples}
 )
+# Before any XLA compile: torch_xla's own analysis of each compile (why the loop below recompiles, and
+# where), and the persistent compilation cache (on a TPU, compiles kept for the next session).
+compile_log.start_run_log(hw.via_xla)
+enable_compile_cache(cfg.train.compile_cache_dir, hw)
 train_ds, eval_ds, tokenizer = build_datasets(cfg)
 naive = Dashboard(total_steps=steps, title="Unbucketed loop: a new program for every length")
 naive
@@ -80,7 +86,7 @@ for example in train_ds.select(range(steps)):
     optimizer.zero_grad(set_to_none=True)
     if hw.via_xla:
         runtime.sync()
-    metrics = profiler.step(ids.numel(), loss=loss)  # reads the loss only at log steps
+    metrics = profiler.step(ids.numel(), loss=loss, inputs={"input_ids": ids})  # loss read at log steps only
     if metrics is not None:
         naive(metrics)
 naive.flush()  # draw the points that arrived inside the last throttle interval

@@ -53,7 +53,7 @@ if importlib.util.find_spec("workbench") is None:
     else:
         raise ModuleNotFoundError("workbench is not installed here: run `pip install -e '.[notebook]'` in the repository")
 if any(k.startswith("COLAB_") for k in os.environ):
-    from google.colab import output  # Colab draws third-party widgets (plotly's FigureWidget) only when asked
+    from google.colab import output  # Colab draws third-party widgets (the workbench's plots are anywidgets) only when asked
 
     output.enable_custom_widget_manager()"""
 

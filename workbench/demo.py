@@ -1,9 +1,9 @@
-"""[from demo] `make demo` / ``python -m workbench demo``: run the quickstart notebook headless and keep its report.
+"""`make demo` / ``python -m workbench demo``: run the quickstart notebook headless and keep its report.
 
 Executes the quickstart notebook with papermill on whatever hardware is there and writes
 
 - ``<out>/quickstart.ipynb``: the executed notebook (text outputs; widget state is not stored,
-  since each plotly ``FigureWidget`` would carry the whole plotly.js bundle);
+  since each plot widget would carry the whole plotly.js bundle);
 - ``<out>/quickstart.html``: the training dashboard's own export, a self-contained page with
   plotly.js embedded and the run's config — it opens offline, which an nbconvert rendering of the
   executed notebook would not (its widgets need a live kernel or stored widget state);
