@@ -408,7 +408,7 @@ def test_compile_memory_log_is_parsed(tmp_path, monkeypatch):
     monkeypatch.setenv("PT_XLA_DEBUG_FILE", "")
     assert compile_log.compile_memory_log_path() is None
     monkeypatch.delenv("PT_XLA_DEBUG_LEVEL")
-    compile_log.enable_compile_memory_log(log)
+    compile_log.enable_compile_log(log)
     assert compile_log.compile_memory_log_path() == str(log)
     assert compile_log.compiled_memory_records() == []
     block = (

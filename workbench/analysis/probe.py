@@ -1,7 +1,7 @@
 """The XLA compiler's own memory figure for a training step, beside which the estimate is checked.
 
 What a compiled program needs per device (inputs + non-aliased outputs + temporaries) is read
-from torch_xla's compile log (`compile_log.enable_compile_memory_log`,
+from torch_xla's compile log (`compile_log.enable_compile_log`,
 `compile_log.compiled_memory_records`), so the log must be on before the first compile.
 
 - `compiled_step_probe`: for a batch size, compile (not run) one training step of a fresh
@@ -112,7 +112,7 @@ def compiled_step_memory(
     """Build the model of `cfg` (a workbench `ModelConfig`), run `steps` real training steps on the
     XLA device and return the compiler's analysis of the largest compiled step program.
 
-    Needs the compile memory log (`compile_log.enable_compile_memory_log`) on before the first compile;
+    Needs the compile memory log (`compile_log.enable_compile_log`) on before the first compile;
     `fsdp` > 1 needs SPMD on (``runtime.use_spmd()`` before any XLA tensor) and shards every
     parameter's first dimension and the batch over an ``("fsdp",)`` mesh of that many devices.
     Precision is XLA:CPU's native fp32 unless `precision='bf16'` (weights cast to bf16).
@@ -125,7 +125,7 @@ def compiled_step_memory(
 
     if compile_log.compile_memory_log_path() is None:
         raise RuntimeError(
-            "compiled_step_memory needs compile_log.enable_compile_memory_log(path) before the first compile"
+            "compiled_step_memory needs compile_log.enable_compile_log(path) before the first compile"
         )
     before = len(compile_log.compiled_memory_records())
     dev = runtime.device()

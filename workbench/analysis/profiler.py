@@ -115,7 +115,6 @@ class StepProfiler:
         self._step = 0
         self._tokens_seen = 0
         self._start = time.perf_counter()
-        self._recompile_steps: list[int] = []
         self.recompiles = RecompileTracker()
         """The input signatures seen and each recompilation with its cause."""
         self._compile_log = compile_log.CompileLogReader() if self._xla else None
@@ -135,8 +134,7 @@ class StepProfiler:
         self._interval_wait = 0.0
         self._interval_counters = counters
         self._last_compiles = counters[0]
-        self._interval_recompiles: list[int] = []
-        self._interval_causes: list[str] = []
+        self._interval_first_recompile = len(self.recompiles.recompiles)
 
     def exclude_compiles(self) -> None:
         """Programs compiled since the last step (e.g. by a checkpoint save) are not the loop's recompilations."""
@@ -212,14 +210,12 @@ class StepProfiler:
     def _explain_recompile(self, programs: int, signatures: Any) -> None:
         log_on = self._compile_log is not None and self._compile_log.path is not None
         records = self._compile_log.new_records() if log_on else []
-        recompile = self.recompiles.observe(self._step, signatures, programs, records, log_on=log_on)
-        self._interval_recompiles.append(self._step)
-        self._recompile_steps.append(self._step)
-        self._interval_causes.append(recompile.describe())
+        self.recompiles.observe(self._step, signatures, programs, records, log_on=log_on)
 
     def _log(self, loss: Any, lr: float | None, eval_loss: float | None, grad_norm: Any) -> IntervalMetrics:
         # counters first: the profiler's own reads of the loss and grad norm are not the user's transfers
         compiles, compile_time, transfers = self._counters()
+        in_interval = self.recompiles.recompiles[self._interval_first_recompile :]
         loss_value = _to_float(loss)
         grad_norm_value = _to_float(grad_norm)
         if loss_value is None and self._xla and self.sync_at_log:
@@ -241,7 +237,7 @@ class StepProfiler:
             "compiles": compiles - c0,
             "compile_time_s": compile_time - t0,
             "total_compiles": compiles,
-            "recompiled": bool(self._interval_recompiles),
+            "recompiled": bool(in_interval),
             "transfers": transfers - x0,
             "host_rss_bytes": _host_rss(),
             "device_memory_bytes": device_used,
@@ -255,8 +251,8 @@ class StepProfiler:
             "input_wait_s": self._interval_wait,
             "input_wait_fraction": self._interval_wait / interval,
             "compiled_program_bytes": self._compiled_program_bytes(),
-            "recompile_steps": list(self._interval_recompiles),
-            "recompile_causes": list(self._interval_causes),
+            "recompile_steps": [r.step for r in in_interval],
+            "recompile_causes": [r.describe() for r in in_interval],
             "grad_norm": grad_norm_value,
         }
         self.history.append(metrics)
@@ -292,8 +288,9 @@ class StepProfiler:
     def advice(self) -> list[Advice]:
         """What the history says to change, one `Advice` per kind found."""
         found: list[Advice] = []
-        if self._recompile_steps:
-            recompiles = self.recompiles.recompiles
+        recompiles = self.recompiles.recompiles
+        if recompiles:
+            steps = [r.step for r in recompiles]
             causes = [r.describe() for r in recompiles]
             remedies = []
             if any(r.changes != () for r in recompiles):  # shapes changed, or unknown
@@ -309,9 +306,9 @@ class StepProfiler:
             found.append(
                 Advice(
                     "recompilation",
-                    f"{len(self._recompile_steps)} step(s) compiled a new program after warm-up "
-                    f"(steps {_short(self._recompile_steps)}): {_causes(causes)}. {' '.join(remedies)}",
-                    {"steps": list(self._recompile_steps), "causes": causes},
+                    f"{len(steps)} step(s) compiled a new program after warm-up "
+                    f"(steps {_short(steps)}): {_causes(causes)}. {' '.join(remedies)}",
+                    {"steps": steps, "causes": causes},
                 )
             )
         every_step = [

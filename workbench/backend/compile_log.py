@@ -120,10 +120,6 @@ def enable_compile_log(path: str | os.PathLike[str]) -> None:
     os.environ.setdefault("PT_XLA_DEBUG_MAX_FRAME", str(MAX_FRAMES))
 
 
-enable_compile_memory_log = enable_compile_log
-"""The memory probe's name for the same switch (`workbench.analysis.probe`)."""
-
-
 def start_run_log(xla: bool = True) -> list[str]:
     """Switch the compile log on for a training run on XLA (`xla`), if it is not on; returns notices.
 

@@ -21,7 +21,7 @@ What the rest of the package may ask of the backend:
   `local_shard_shapes`, `local_shard_indices`
 - measurement: `compile_count`, `compile_time_s`, `transfer_count`, `execute_count`,
   `metrics_snapshot`, `clear_metrics`, `metrics_report`, `memory_info`
-- compiling: `compile_only`, `initialize_compile_cache`, `scan_layers`, `scan`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
+- compiling: `compile_only`, `initialize_compile_cache`, `scan`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
 - training: `gradient_checkpoint_function`, `rng_state`, `set_rng_state`,
   `spmd_save_planner`, `spmd_load_planner` (sharded checkpoints)
 - profiler: `profiler` (the module; TPU traces)
@@ -474,23 +474,12 @@ def initialize_compile_cache(path: str | os.PathLike[str], readonly: bool = Fals
     return True
 
 
-def scan_layers(layers: Sequence[Any], carry: Any, *, remat: bool = False) -> Any:
-    """Run identical `layers` in sequence as one traced and compiled layer (torch_xla's scan).
-
-    `carry` is what each layer takes and returns (a tensor or a tuple of them). ``remat``
-    recomputes each layer in the backward pass from its saved input (min-cut at activation
-    budget 0): the scanned form of gradient checkpointing.
-    """
-    from torch_xla.experimental.scan_layers import scan_layers as xla_scan_layers
-
-    _scan_backward_without_jax()
-    return xla_scan_layers(list(layers), carry, partition_fn=_scan_partition(remat))
-
-
 def scan(fn: Callable[..., Any], init: Any, xs: Any, *, remat: bool = False, pure: bool = False) -> Any:
     """torch_xla's ``scan``: ``fn(carry, x) -> (carry, y)`` over the leading axis of `xs` as one
-    traced loop body; returns ``(carry, ys)``. ``remat``: as in `scan_layers`. ``pure``: `fn` has no
-    side effects, so its trace is cached on the function object (pass the same object each call)."""
+    traced loop body; returns ``(carry, ys)``. ``remat`` recomputes each iteration in the backward
+    pass from its saved inputs (min-cut at activation budget 0): the scanned form of gradient
+    checkpointing. ``pure``: `fn` has no side effects, so its trace is cached on the function
+    object (pass the same object each call)."""
     from torch_xla.experimental.scan import scan as xla_scan
 
     _scan_backward_without_jax()
