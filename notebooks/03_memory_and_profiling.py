@@ -107,5 +107,6 @@ result = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=
 print(f"{flops / 1e6:.2f} MFLOP per token; {result.tokens_per_s or 0:,.0f} tokens/s; "
       f"compiles after warm-up {result.compiles_after_warmup}")
 est = estimate(cfg.model, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length,
-               precision=cfg.train.precision, optimizer=cfg.train.optimizer)
+               precision=cfg.train.precision, optimizer=cfg.train.optimizer, quantize=cfg.model.quantize,
+               loss_chunk_tokens=cfg.train.loss_chunk_tokens, memory_bytes=hw.memory_per_device_bytes)
 print(f"estimated {est.total_bytes / 2**20:.1f} MiB per device for this run")

@@ -539,3 +539,62 @@ def test_a_fixed_bucket_count_is_compared_with_the_auto_choice(panel):
     assert list(mark.x) == [12] and mark.y[0] == pytest.approx(choice.predicted_seconds(12))
     assert mark.y[0] >= choice.predicted_total_s  # the choice is the least predicted time
     assert "would pick" in panel.tradeoff_html.value and "measures them" in panel.tradeoff_html.value
+
+
+# ---- a quantized base and a chunked loss ---------------------------------------------------
+def test_quantize_and_loss_chunk_controls_change_the_estimate_and_the_config(lengths):
+    """Llama-3.1-8B's shape (vocabulary 128256) on one v5e chip at 2048 tokens, bf16, checkpointing,
+    LoRA rank 16: a bf16 base does not fit; int8 (and the 'auto' chunked loss) fits batch 3."""
+    cfg = WorkbenchConfig().with_overrides({"model.vocab_size": 128256})
+    panel = ConfigPanel(cfg, target="v5e-1", lengths=lengths)
+    assert panel.memory_saving.quantize.value == "none" and panel.memory_saving.loss_chunk.value == "auto"
+    seen = []
+    panel.on_change(seen.append)
+    panel.set(
+        model_size="Llama-3.1-8B shape",
+        precision="bf16",
+        gradient_checkpointing=True,
+        seq_len=2048,
+        batch_size=2,
+        lora_rank=16,
+    )
+    assert panel.error is None and "does not fit" in panel.fits_html.value and panel.largest_batch == 0
+    assert "Base weights: <b>14.96 GiB</b>" in panel.quantize_html.value
+    before = panel.estimate
+    panel.memory_saving.quantize.set_state({"index": 1})  # what choosing 'int8' in the page sends
+    assert panel.error is None and seen[-1].model.quantize == "int8" and "quantize: int8" in panel.yaml
+    assert panel.estimate.total_bytes < before.total_bytes - 6 * GiB
+    assert "✔ fits" in panel.fits_html.value and panel.largest_batch == 3
+    assert (
+        "<b>int8</b> base: 14.96 GiB → <b class='wb-quantized-value'>7.97 GiB</b>"
+        in panel.quantize_html.value
+    )
+    # the panel shows what the estimator says for that config on that device
+    kwargs = dict(
+        seq_len=2048, precision="bf16", gradient_checkpointing=True, lora_rank=16, memory_bytes=16 * GiB
+    )
+    direct = estimate(panel.config.model, batch_size=2, quantize="int8", **kwargs)
+    assert panel.estimate.total_bytes == direct.total_bytes and panel.estimate.quantize == "int8"
+    assert "Loss in chunks of <b>128</b> positions × 2 rows" in panel.loss_chunk_html.value
+    panel.set(loss_chunk_tokens=0)  # never chunk: the whole [4096 x 128256] fp32 logits x 4
+    assert panel.config.train.loss_chunk_tokens == 0 and seen[-1].train.loss_chunk_tokens == 0
+    assert panel.estimate.breakdown["logits"] == 2 * 2048 * 128256 * 16 and panel.largest_batch == 1
+    assert "does not fit" in panel.fits_html.value
+    assert "Loss over the whole batch" in panel.loss_chunk_html.value
+    panel.set(loss_chunk_tokens=512, quantize="int4")
+    assert panel.config.train.loss_chunk_tokens == 512 and panel.config.model.quantize == "int4"
+    assert panel.estimate.loss_chunk_positions == 256 and panel.estimate.breakdown["dequant"] > 0
+    assert "dequant" in [t.name for t in panel.memory_figure.figure.data]
+    assert WorkbenchConfig.from_yaml(panel.yaml).to_dict() == panel.config.to_dict()
+
+
+def test_quantize_without_lora_shows_a_message_not_a_crash(panel):
+    good = panel.config
+    seen = []
+    panel.on_change(seen.append)
+    panel.set(lora_rank=0, quantize="int4")
+    assert panel.error and "model.quantize='int4'" in panel.error and "lora.rank >= 1" in panel.error
+    assert "lora.rank &gt;= 1" in panel.error_html.value and "fix the setting" in panel.fits_html.value
+    assert panel.config.model.quantize == good.model.quantize == "none"
+    panel.set(lora_rank=8)
+    assert panel.error is None and panel.config.model.quantize == "int4" and seen[-1].lora.rank == 8

@@ -171,7 +171,8 @@ def test_fits_and_table():
     )
     assert est.fits(None)
     assert "activations" in est.table() and "total" in est.table()
-    rows = estimate_table(TINY, [2, 4, 8], [32, 64], memory_bytes=est.total_bytes * 1.5)
+    # a whole-batch loss: on so small a device 'auto' would chunk the logits (tested with the chunks)
+    rows = estimate_table(TINY, [2, 4, 8], [32, 64], memory_bytes=est.total_bytes * 1.5, loss_chunk_tokens=0)
     assert len(rows) == 6
     totals = {(r["batch_size"], r["seq_len"]): r["total_bytes"] for r in rows}
     assert totals[(2, 32)] < totals[(4, 32)] < totals[(8, 32)] < totals[(8, 64)]
@@ -186,8 +187,10 @@ def test_max_batch_size_is_the_largest_fitting_multiple():
     budget = 64 * 1024**2
     best = max_batch_size(TINY, seq_len=128, memory_bytes=budget, multiple_of=8, precision="fp32")
     assert best > 0 and best % 8 == 0
-    assert estimate(TINY, batch_size=best, seq_len=128, precision="fp32").fits(budget)
-    assert not estimate(TINY, batch_size=best + 8, seq_len=128, precision="fp32").fits(budget)
+    # the device's memory also plans the 'auto' loss chunks, as in the trainer
+    kw = dict(seq_len=128, precision="fp32", memory_bytes=budget)
+    assert estimate(TINY, batch_size=best, **kw).fits(budget)
+    assert not estimate(TINY, batch_size=best + 8, **kw).fits(budget)
     assert max_batch_size(TINY, seq_len=128, memory_bytes=1024, precision="fp32") == 0
 
 
@@ -198,7 +201,9 @@ def test_the_batch_finders_follow_the_mesh_without_being_told():
     mesh = {"data": 2, "fsdp": 4, "model": 1}
     best = max_batch_size(TINY, seq_len=128, memory_bytes=budget, precision="fp32", mesh=mesh)
     assert best > 0 and best % 8 == 0
-    assert not estimate(TINY, batch_size=best + 8, seq_len=128, precision="fp32", mesh=mesh).fits(budget)
+    assert not estimate(
+        TINY, batch_size=best + 8, seq_len=128, precision="fp32", mesh=mesh, memory_bytes=budget
+    ).fits(budget)
     # a given multiple combines with the mesh's: lcm(3, 8) = 24
     assert max_batch_size(TINY, seq_len=128, memory_bytes=budget, multiple_of=3, mesh=mesh) % 24 == 0
 
@@ -217,7 +222,8 @@ def test_find_batch_size_uses_the_compiled_figure_to_step_down():
     def compiled(batch: int) -> int:
         probed.append(batch)
         # the "compiler" needs 50% more than the estimate: only smaller sizes fit
-        return int(estimate(TINY, batch_size=batch, seq_len=128, precision="fp32").total_bytes * 1.5)
+        est = estimate(TINY, batch_size=batch, seq_len=128, precision="fp32", memory_bytes=budget)
+        return int(est.total_bytes * 1.5)
 
     plan = find_batch_size(
         TINY, seq_len=128, memory_bytes=budget, dp_size=8, compiled_bytes=compiled, precision="fp32"

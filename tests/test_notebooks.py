@@ -211,7 +211,8 @@ def test_notebook_executes(name, request, python3_kernel):
 def test_finetune_loads_the_quickstart_checkpoint_and_saves_adapter_and_merged_model(
     quickstart_run, python3_kernel, tmp_path
 ):
-    # What users do: the quickstart saves a checkpoint; 04_finetune fine-tunes it with LoRA.
+    # What users do: the quickstart saves a checkpoint; 04_finetune fine-tunes it with LoRA on an
+    # int8 base (model.quantize), saves the adapter and a merged (dequantized) checkpoint, reloads it.
     _, checkpoint = quickstart_run
     assert (checkpoint / "config.json").is_file() and (checkpoint / "tokenizer.json").is_file()
     adapter, merged = tmp_path / "adapter", tmp_path / "merged"
@@ -220,6 +221,7 @@ def test_finetune_loads_the_quickstart_checkpoint_and_saves_adapter_and_merged_m
         "model_dir": str(checkpoint),
         "adapter_dir": str(adapter),
         "merged_dir": str(merged),
+        "quantize": "int8",
     }
     nb = run_notebook("04_finetune", EXECUTED / "04_finetune-chained.ipynb", parameters, python3_kernel)
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
@@ -228,6 +230,7 @@ def test_finetune_loads_the_quickstart_checkpoint_and_saves_adapter_and_merged_m
     assert not (merged / "adapter_config.json").exists()
     text = printed(nb)
     assert f"{checkpoint}: training " in text, "the quickstart's checkpoint was not the base model"
+    assert "base int8) on" in text and "int8 base" in text, "the base was not quantized"
     assert f"reloaded from {merged}: " in text
 
 

@@ -11,7 +11,8 @@ here turn those into
 - the token-length histogram with the planned bucket boundaries (`new_length_figure`,
   `draw_bucket_plan`);
 - the HTML of the readouts: estimate, fits sign, largest batch, trainable parameters (all, or
-  the LoRA adapters), bucket efficiency, error, YAML (the ``*_readout`` functions).
+  the LoRA adapters), what a quantized base and a chunked loss save, bucket efficiency, error,
+  YAML (the ``*_readout`` functions).
 
 The figures are `widgets.live_plot.FigureView`s (a `go.Figure` held in Python, sent whole on
 each redraw, so every page draws the latest one whatever its load timing); the draw functions
@@ -43,6 +44,7 @@ BREAKDOWN_COLORS = {
     "gathered_params": "#e377c2",
     "param_casts": "#7f7f7f",
     "grad_accum_buffer": "#bcbd22",
+    "dequant": "#17becf",
 }
 
 
@@ -256,6 +258,36 @@ def trainable_readout(est: Any) -> str:
     )
 
 
+def quantize_readout(est: Any) -> str:
+    """The model's weights per device as held, and what a quantized base saves against the
+    training precision ("int8 base: 14.96 GiB → 7.98 GiB of weights per device")."""
+    held, plain = est.base_weight_bytes, est.unquantized_weight_bytes
+    if est.quantize == "none":
+        hint = " · an int8/int4 base would hold less (LoRA only)" if est.lora_rank else ""
+        return f"Base weights: <b>{format_bytes(plain)}</b> per device in {html.escape(est.precision)}{hint}"
+    return (
+        f"<b>{html.escape(est.quantize)}</b> base: {format_bytes(plain)} → "
+        f"<b class='wb-quantized-value'>{format_bytes(held)}</b> of weights per device "
+        f"(saves {format_bytes(plain - held)})"
+    )
+
+
+def loss_chunk_readout(est: Any, setting: int | str) -> str:
+    """How the loss runs: the whole batch's logits at once, or one chunk of positions at a time
+    and the logits memory that saves."""
+    logits = est.breakdown["logits"]
+    chunk = est.loss_chunk_positions
+    if chunk is None:
+        why = " ('auto': small enough not to chunk)" if setting == "auto" else ""
+        return f"Loss over the whole batch: logits <b>{format_bytes(logits)}</b>{why}"
+    whole = logits * est.seq_len / chunk
+    rows = est.per_device_batch
+    return (
+        f"Loss in chunks of <b>{chunk}</b> positions × {rows} row{'s' if rows != 1 else ''}: logits "
+        f"<b class='wb-logits-value'>{format_bytes(logits)}</b> instead of {format_bytes(whole)}"
+    )
+
+
 def _count(n: int) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
@@ -294,9 +326,11 @@ __all__ = [
     "estimate_readout",
     "fits_readout",
     "largest_batch_readout",
+    "loss_chunk_readout",
     "memory_axis_top",
     "new_length_figure",
     "new_memory_figure",
+    "quantize_readout",
     "trainable_readout",
     "yaml_readout",
 ]

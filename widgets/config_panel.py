@@ -1,14 +1,16 @@
 """A live panel for tuning a `WorkbenchConfig` with its memory and bucketing consequences in view.
 
 Controls: model size, batch size, sequence length, gradient accumulation, optimizer, precision,
-gradient checkpointing, LoRA rank (0 = full fine-tuning), mesh axes (only the factorisations of the target's device count are
+gradient checkpointing, LoRA rank (0 = full fine-tuning), a quantized base and the loss chunk
+(`widgets.config_controls`), mesh axes (only the factorisations of the target's device count are
 offered), bucket count, and the target hardware (the detected one or a named slice such as
 v5e-8). Every change redraws, live:
 
 - the per-device memory estimate (`workbench.analysis.estimate.estimate`) as a stacked bar of
   its breakdown against the target's memory per device, with a fits / does-not-fit sign;
 - the largest global batch that fits (`workbench.analysis.batch.max_batch_size`);
-- the parameters that train (all of them, or the LoRA adapters);
+- the parameters that train (all of them, or the LoRA adapters), the base's weights (and what
+  int8/int4 saves) and the logits (and what chunking the loss saves);
 - the length histogram of the data with the planned bucket boundaries
   (`workbench.data.buckets.plan_buckets`, or `choose_buckets` when the count is 'auto') and their
   padding efficiency;
@@ -38,6 +40,7 @@ import ipywidgets as ipw
 import numpy as np
 
 from widgets.bucket_tradeoff import AutoBucketControls, draw_tradeoff, new_tradeoff_figure, tradeoff_readout
+from widgets.config_controls import MemorySavingControls
 from widgets.config_figures import (
     bucket_readout,
     draw_bucket_plan,
@@ -46,8 +49,10 @@ from widgets.config_figures import (
     estimate_readout,
     fits_readout,
     largest_batch_readout,
+    loss_chunk_readout,
     new_length_figure,
     new_memory_figure,
+    quantize_readout,
     trainable_readout,
     yaml_readout,
 )
@@ -211,6 +216,7 @@ class ConfigPanel:
             style=style,
             layout=wide,
         )
+        self.memory_saving = MemorySavingControls(cfg, style=style, layout=wide)
         self.mesh = ipw.Dropdown(description="Mesh axes", style=style, layout=wide)
         self._set_mesh_options(target.num_devices, preferred=(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.model))
         fixed = cfg.bucketing.max_buckets if cfg.bucketing.max_buckets != "auto" else 4
@@ -247,6 +253,8 @@ class ConfigPanel:
         self.fits_html = ipw.HTML().add_class("wb-fits")
         self.max_batch_html = ipw.HTML().add_class("wb-max-batch")
         self.trainable_html = ipw.HTML().add_class("wb-trainable")
+        self.quantize_html = ipw.HTML().add_class("wb-quantize-saving")
+        self.loss_chunk_html = ipw.HTML().add_class("wb-loss-chunk-saving")
         self.buckets_html = ipw.HTML().add_class("wb-bucket-efficiency")
         self.tradeoff_html = ipw.HTML().add_class("wb-bucket-tradeoff")
         self.error_html = ipw.HTML().add_class("wb-error")
@@ -266,6 +274,7 @@ class ConfigPanel:
             self.precision,
             self.checkpointing,
             self.lora_rank,
+            *self.memory_saving.widgets,
             self.mesh,
             self.buckets,
             *self.auto_buckets.widgets,
@@ -314,6 +323,7 @@ class ConfigPanel:
             "lora.rank": self.lora_rank.value,
             "data.max_length": self.seq_len.value,
             **self.auto_buckets.overrides(self.buckets.value),
+            **self.memory_saving.overrides(),
             "mesh.data": data,
             "mesh.fsdp": fsdp,
             "mesh.model": model,
@@ -338,6 +348,8 @@ class ConfigPanel:
             grad_accum=cfg.train.grad_accum,
             lora_rank=cfg.lora.rank,
             lora_targets=cfg.lora.target_modules,
+            quantize=cfg.model.quantize,
+            loss_chunk_tokens=cfg.train.loss_chunk_tokens,
         )
 
     def _bucket_plan(self, cfg: WorkbenchConfig) -> tuple[Any, Any]:
@@ -409,11 +421,16 @@ class ConfigPanel:
         try:
             cfg = self._compose()
             kwargs = self._estimate_kwargs(cfg)
-            # ValueError: e.g. a batch that does not split over the mesh's data-parallel axes.
-            estimate = estimate_memory(
-                cfg.model, batch_size=cfg.train.batch_size, seq_len=cfg.data.max_length, **kwargs
-            )
             limit = self.target.memory_per_device_bytes
+            # ValueError: e.g. a batch that does not split over the mesh's data-parallel axes.
+            # The target's memory plans the 'auto' loss chunks (max_batch_size passes it too).
+            estimate = estimate_memory(
+                cfg.model,
+                batch_size=cfg.train.batch_size,
+                seq_len=cfg.data.max_length,
+                memory_bytes=limit,
+                **kwargs,
+            )
             largest = (
                 None
                 if limit is None
@@ -450,6 +467,8 @@ class ConfigPanel:
         self.fits_html.value = fits_readout(fits)
         self.max_batch_html.value = largest_batch_readout(largest)
         self.trainable_html.value = trainable_readout(est)
+        self.quantize_html.value = quantize_readout(est)
+        self.loss_chunk_html.value = loss_chunk_readout(est, cfg.train.loss_chunk_tokens)
         self.error_html.value = error_readout(None)
         self.yaml_html.value = yaml_readout(cfg.to_yaml())
         draw_memory(self.memory_figure, est, limit, self.headroom)
@@ -478,6 +497,7 @@ class ConfigPanel:
                 self.precision,
                 self.checkpointing,
                 self.lora_rank,
+                *self.memory_saving.widgets,
                 self.mesh,
                 self.buckets,
                 *self.auto_buckets.widgets,
@@ -494,6 +514,8 @@ class ConfigPanel:
                     self.fits_html,
                     self.max_batch_html,
                     self.trainable_html,
+                    self.quantize_html,
+                    self.loss_chunk_html,
                     self.buckets_html,
                     self.tradeoff_html,
                     self.error_html,
@@ -517,8 +539,8 @@ class ConfigPanel:
         display(self.widget)
 
     def set(self, **values: Any) -> ConfigPanel:
-        """Set controls by name in Python (batch_size=16, seq_len=512, buckets=6, buckets_auto=True, ...);
-        returns self."""
+        """Set controls by name in Python (batch_size=16, seq_len=512, quantize="int8",
+        loss_chunk_tokens="auto", buckets=6, buckets_auto=True, ...); returns self."""
         names = {
             "target": self.target_choice,
             "model_size": self.model_size,
@@ -529,6 +551,8 @@ class ConfigPanel:
             "precision": self.precision,
             "gradient_checkpointing": self.checkpointing,
             "lora_rank": self.lora_rank,
+            "quantize": self.memory_saving.quantize,
+            "loss_chunk_tokens": self.memory_saving.loss_chunk,
             "mesh": self.mesh,
             "buckets": self.buckets,
             "buckets_auto": self.auto_buckets.auto,

@@ -60,6 +60,8 @@ class ModelConfig:
     """Share the input embedding and the output projection."""
     scan_layers: bool = False
     """On XLA, compile the decoder stack as one scanned layer (compile time stops growing with depth; layers must be identical)."""
+    quantize: Literal["none", "int8", "int4"] = "none"
+    """Frozen base weights as integers under LoRA: 'int8' (per output channel) or 'int4' (blockwise, two per byte); 'none' keeps them in the training precision."""
 
 
 @dataclass
@@ -170,6 +172,8 @@ class TrainConfig:
     """Resume from the latest complete checkpoint in `checkpoint_dir` when there is one."""
     progress_bar: bool = True
     """Show a tqdm progress bar (updated only at log intervals; it never forces a device sync)."""
+    loss_chunk_tokens: int | Literal["auto"] = "auto"
+    """Tokens per chunk of the LM head + cross-entropy, recomputed in backward, so the [tokens x vocab] logits never exist whole; 'auto' chunks when they would exceed a share of device memory, 0 never chunks."""
     distill_alpha: float = 0.5
     """Distillation: weight of the KL(teacher || student) term; 1 - alpha weighs the label cross-entropy."""
     distill_temperature: float = 2.0
@@ -506,6 +510,12 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.dynamic_batch_max,
             f"must be >= batch_size={obj.batch_size} or null",
         )
+        _require(
+            obj.loss_chunk_tokens == "auto" or obj.loss_chunk_tokens >= 0,
+            f"{p}loss_chunk_tokens",
+            obj.loss_chunk_tokens,
+            "must be >= 1 (tokens per chunk), 0 (never chunk) or 'auto'",
+        )
         _require(0.0 <= obj.distill_alpha <= 1.0, f"{p}distill_alpha", obj.distill_alpha, "must be in [0, 1]")
         _require(
             obj.distill_temperature > 0, f"{p}distill_temperature", obj.distill_temperature, "must be > 0"
@@ -533,6 +543,14 @@ def _validate(obj: Any, prefix: str) -> None:
             "data.max_length",
             obj.data.max_length,
             f"must be <= model.max_position_embeddings={obj.model.max_position_embeddings}",
+        )
+        # A quantized base is frozen integers: only LoRA adapters can train on top of it.
+        _require(
+            obj.model.quantize == "none" or obj.lora.rank > 0,
+            "model.quantize",
+            obj.model.quantize,
+            f"needs LoRA adapters to train (lora.rank={obj.lora.rank} trains the base weights, which "
+            "'int8'/'int4' freeze as integers): set lora.rank >= 1 (e.g. 16) or model.quantize=none",
         )
         # With a token budget the loader sizes every bucket's batch from it and ignores
         # train.batch_size, so growing the batch would change no batch and only skip data (the

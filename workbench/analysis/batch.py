@@ -42,14 +42,22 @@ def max_batch_size(
     ``mesh=`` in `estimate_kwargs` (their least common multiple): `estimate` refuses a batch
     that does not split over the mesh, so the default ``multiple_of=1`` works with a mesh too.
     `estimate_kwargs` go to `estimate` as they are (optimizer, precision, mesh, ``lora_rank`` and
-    ``lora_targets`` for a LoRA run, ...).
+    ``lora_targets`` for a LoRA run, ``quantize`` for a quantized base, ``loss_chunk_tokens``,
+    ...); `memory_bytes` goes too, so a ``loss_chunk_tokens='auto'`` estimate chunks the loss as
+    the trainer would on that device.
+
+    The estimate grows with the batch except where 'auto' starts chunking the loss (the logits
+    term then drops to one chunk's); the search doubles, then bisects, so right there it may
+    return a fitting batch below the largest one.
     """
     check_positive("multiple_of", multiple_of)
     check_positive("memory_bytes", memory_bytes)
     step = math.lcm(multiple_of, _mesh_dp(estimate_kwargs))
 
     def fits(k: int) -> bool:
-        est = estimate(model_config, batch_size=k * step, seq_len=seq_len, **estimate_kwargs)
+        est = estimate(
+            model_config, batch_size=k * step, seq_len=seq_len, memory_bytes=memory_bytes, **estimate_kwargs
+        )
         return est.fits(memory_bytes, headroom)
 
     if not fits(1):
@@ -103,6 +111,7 @@ def find_batch_size(
     `compiled_bytes(batch)` when given (e.g. compile the step without running it and read the
     compiler's memory analysis); if the compiler says it does not fit, the next smaller candidate
     is tried. A `None` from the probe (backend reports nothing) keeps the estimate's verdict.
+    `estimate_kwargs` and `memory_bytes` reach `estimate` as in `max_batch_size`.
     """
     mesh_dp = _mesh_dp(estimate_kwargs)
     if dp_size is None:
@@ -139,7 +148,9 @@ def find_batch_size(
     ordered = sorted(set(candidates), reverse=True)
     chosen, chosen_est, chosen_compiled = 0, None, None
     for c in ordered:
-        est = estimate(model_config, batch_size=c, seq_len=seq_len, **estimate_kwargs)
+        est = estimate(
+            model_config, batch_size=c, seq_len=seq_len, memory_bytes=memory_bytes, **estimate_kwargs
+        )
         row: dict[str, Any] = {"batch_size": c, "estimate_bytes": est.total_bytes, "compiled_bytes": None}
         if chosen:
             row.update(fits=est.fits(memory_bytes, headroom), reason="smaller than the chosen size")

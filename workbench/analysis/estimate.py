@@ -22,6 +22,17 @@ and the loss keeps 4 vocab-sized fp32 tensors per token (logits, log-softmax and
 gradients: HF upcasts logits to fp32 for the loss). With checkpointing a layer keeps only
 its input, and one layer at a time is recomputed in the backward pass.
 
+Two settings shrink the largest terms of a LoRA run on a big model. A chunked loss
+(``train.loss_chunk_tokens``, `workbench.models.lm_head.loss_chunk_length`: the same rule the
+training objective uses) keeps one chunk's logits: ``rows x chunk positions x 4 x vocab x 4``
+bytes instead of every token's. A quantized base (``model.quantize``, the layout of
+`workbench.models.quantize`) holds the frozen linears as integers plus fp32 scales; int8
+multiplies by the integers and scales the matmul's output, and materialises nothing (its
+backward's integer-to-compute-dtype convert is taken as fused into the matmul, as XLA does on
+TPU); int4 is unpacked and dequantized one layer's weight at a time, right before its matmul and
+again in the backward pass (``dequant``: the largest quantized weight in the compute precision,
+an untied LM head included).
+
 The estimate was checked against the XLA compiler's own memory analysis of the real
 training step on XLA:CPU (``bench/memory.py`` prints both side by side and writes
 ``bench/results/memory.json``; the compiler's figure comes from
@@ -33,8 +44,8 @@ inserts, and the compiled step keeps about as much as an unchecked one (also wit
 off). The estimate models checkpointing as it is meant to work, so checkpointed rows on XLA:CPU
 miss.
 
-The model's shape comes from the family registry (`model_shape`, `workbench.models.families`);
-the largest batch that fits is `workbench.analysis.batch`'s question.
+The model's shape comes from the family registry (`model_shape`, `workbench.analysis.shape`,
+re-exported here); the largest batch that fits is `workbench.analysis.batch`'s question.
 """
 
 from __future__ import annotations
@@ -44,7 +55,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from workbench.models.families import FAMILIES, FAMILY_NAMES
+from workbench.analysis.shape import ModelShape, model_shape, quantized_matrices
+from workbench.models.lm_head import logits_bytes, loss_chunk_length
+from workbench.models.quantize import QUANTIZE_MODES, quantized_weight_bytes
 
 # The mesh sizes and the batch divisibility rule are the mesh's own, so the estimate refuses
 # exactly the batches `workbench.parallel.apply.shard_batch` would.
@@ -65,194 +78,22 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
     "gathered_params",
     "param_casts",
     "grad_accum_buffer",
+    "dequant",
 )
 """Every key of `MemoryEstimate.breakdown`, in display order."""
-
-
-# ---- the model's shape ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The sizes of a decoder-only transformer that memory and FLOPs depend on."""
-
-    family: str
-    """`transformers` model_type: a name in `workbench.models.families.FAMILIES`."""
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    max_positions: int
-    tied: bool
-    """Input embedding shared with the LM head."""
-    gated_mlp: bool
-    """SwiGLU/GeGLU MLP (gate, up, down) rather than GPT-2's fc -> act -> proj."""
-    qkv_bias: bool = False
-    gpt2_style: bool = False
-    """LayerNorm with biases, biased linears, learned position embeddings."""
-    norms_per_layer: int = 2
-    """Norms on a block's residual path: 2, or 4 where the MLP is wrapped too (Gemma 2 and 3)."""
-    qk_norm: bool = False
-    """A norm over each head's query and key (Qwen3, Gemma 3)."""
-    fused_projections: bool = False
-    """One qkv_proj and one gate_up_proj instead of q/k/v and gate/up (Phi-3)."""
-    attention: str = "eager"
-    """How the model's attention runs: 'eager' materialises the T x T scores; 'flash' does not."""
-    num_parameters_override: int | None = None
-    """The real model's unique parameter count, when a model (not a config) was given."""
-
-    def parameter_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Every parameter tensor the family's `transformers` implementation creates (tied ones once)."""
-        H, hd, kvd, inter = (
-            self.hidden,
-            self.heads * self.head_dim,
-            self.kv_heads * self.head_dim,
-            self.intermediate,
-        )
-        shapes: list[tuple[str, tuple[int, ...]]] = [("embed_tokens", (self.vocab, H))]
-        if self.gpt2_style:
-            shapes.append(("position_embeddings", (self.max_positions, H)))
-        for i in range(self.layers):
-            p = f"layers.{i}."
-            if self.gpt2_style:
-                shapes += [
-                    (p + "ln_1.weight", (H,)),
-                    (p + "ln_1.bias", (H,)),
-                    (p + "attn.c_attn.weight", (H, 3 * H)),
-                    (p + "attn.c_attn.bias", (3 * H,)),
-                    (p + "attn.c_proj.weight", (H, H)),
-                    (p + "attn.c_proj.bias", (H,)),
-                    (p + "ln_2.weight", (H,)),
-                    (p + "ln_2.bias", (H,)),
-                    (p + "mlp.c_fc.weight", (H, inter)),
-                    (p + "mlp.c_fc.bias", (inter,)),
-                    (p + "mlp.c_proj.weight", (inter, H)),
-                    (p + "mlp.c_proj.bias", (H,)),
-                ]
-                continue
-            shapes.append((p + "input_layernorm.weight", (H,)))
-            if self.fused_projections:
-                shapes.append((p + "qkv_proj.weight", (hd + 2 * kvd, H)))
-            else:
-                shapes += [
-                    (p + "q_proj.weight", (hd, H)),
-                    (p + "k_proj.weight", (kvd, H)),
-                    (p + "v_proj.weight", (kvd, H)),
-                ]
-            shapes.append((p + "o_proj.weight", (H, hd)))
-            if self.qk_norm:
-                shapes += [(p + "q_norm.weight", (self.head_dim,)), (p + "k_norm.weight", (self.head_dim,))]
-            shapes.append((p + "post_attention_layernorm.weight", (H,)))
-            shapes += [(p + f"extra_norm_{j}.weight", (H,)) for j in range(self.norms_per_layer - 2)]
-            if self.fused_projections:
-                shapes.append((p + "gate_up_proj.weight", (2 * inter, H)))
-            else:
-                shapes += [(p + "gate_proj.weight", (inter, H)), (p + "up_proj.weight", (inter, H))]
-            shapes.append((p + "down_proj.weight", (H, inter)))
-            if self.qkv_bias:
-                shapes += [
-                    (p + "q_proj.bias", (hd,)),
-                    (p + "k_proj.bias", (kvd,)),
-                    (p + "v_proj.bias", (kvd,)),
-                ]
-        shapes.append(("final_norm.weight", (H,)))
-        if self.gpt2_style:
-            shapes.append(("final_norm.bias", (H,)))
-        if not self.tied:
-            shapes.append(("lm_head.weight", (self.vocab, H)))
-        return shapes
-
-    @property
-    def num_parameters(self) -> int:
-        """Unique parameters (the real model's count when one was given)."""
-        if self.num_parameters_override is not None:
-            return self.num_parameters_override
-        return sum(math.prod(shape) for _, shape in self.parameter_shapes())
-
-    @property
-    def matmul_parameters(self) -> int:
-        """Parameters that take part in matrix multiplies: all but the lookup-only embeddings.
-
-        The input embedding is a table lookup, unless tied to the LM head (then it is the LM
-        head's matmul); learned position embeddings are always lookups.
-        """
-        n = self.num_parameters
-        if self.gpt2_style:
-            n -= self.max_positions * self.hidden
-        if not self.tied:
-            n -= self.vocab * self.hidden
-        return n
-
-
-def model_shape(model_config: Any) -> ModelShape:
-    """The `ModelShape` of a `transformers` config, a model (``.config``), or a workbench `ModelConfig`.
-
-    The family (``config.model_type``) must be in `workbench.models.families.FAMILIES`, whose
-    entry says where the config keeps the sizes and how the family's blocks are laid out.
-    """
-    real_params: int | None = None
-    config = model_config
-    if hasattr(model_config, "parameters") and hasattr(model_config, "config"):  # a model
-        config = model_config.config
-        seen: set[int] = set()
-        real_params = 0
-        for p in model_config.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                real_params += p.numel()
-    elif type(model_config).__name__ == "ModelConfig" and hasattr(model_config, "family"):
-        if getattr(model_config, "pretrained_path", None):  # the checkpoint's own config, read from disk
-            import transformers as tf
-
-            config = tf.AutoConfig.from_pretrained(model_config.pretrained_path)
-        else:
-            from workbench.models.build import hf_config
-
-            config = hf_config(model_config)
-    family_name = getattr(config, "model_type", None)
-    family = FAMILIES.get(family_name) if isinstance(family_name, str) else None
-    if family is None:
-        raise ValueError(
-            f"model_config of type {type(model_config).__name__} (model_type={family_name!r}) is not supported: "
-            f"expected a transformers config or model of the families {', '.join(FAMILY_NAMES)}, "
-            "or a workbench ModelConfig"
-        )
-    fields = family.fields
-    hidden = int(getattr(config, fields.hidden_size))
-    heads = int(getattr(config, fields.num_heads))
-    kv = (getattr(config, fields.num_kv_heads, None) if fields.num_kv_heads else None) or heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    inner = getattr(config, fields.intermediate_size, None)
-    if inner is None:  # GPT-2's n_inner=None means 4 x hidden
-        inner = 4 * hidden
-    return ModelShape(
-        family=family.name,
-        hidden=hidden,
-        layers=int(getattr(config, fields.num_layers)),
-        heads=heads,
-        kv_heads=int(kv),
-        head_dim=int(head_dim),
-        intermediate=int(inner),
-        vocab=int(config.vocab_size),
-        max_positions=int(getattr(config, fields.max_position_embeddings, 0) or 0),
-        tied=bool(getattr(config, "tie_word_embeddings", family.tied_default)),
-        gated_mlp=family.gated_mlp,
-        qkv_bias=family.qkv_bias or bool(getattr(config, "attention_bias", False)),
-        gpt2_style=family.gpt2_style,
-        norms_per_layer=family.norms_per_layer,
-        qk_norm=family.qk_norm,
-        fused_projections=family.fused_projections,
-        attention=_attention_of(config),
-        num_parameters_override=real_params,
-    )
-
-
-def _attention_of(config: Any) -> str:
-    impl = getattr(config, "_attn_implementation", None) or "eager"
-    return "flash" if "flash" in str(impl) or "splash" in str(impl) else "eager"
+BREAKDOWN_MEANINGS: dict[str, str] = {
+    "params": "the weights (a quantized base at its integer bytes and scales) and the LoRA adapters",
+    "grads": "gradients of the trainable weights",
+    "optimizer": "optimizer state of the trainable weights",
+    "activations": "tensors the forward pass saves for the backward pass",
+    "logits": "the LM head's fp32 logits, log-softmax and their gradients (one chunk's when chunked)",
+    "inputs": "input ids and labels",
+    "gathered_params": "FSDP's all-gathered full weights, live through the step",
+    "param_casts": "autocast's compute-precision copies of fp32 weights",
+    "grad_accum_buffer": "the running gradient sum under gradient accumulation",
+    "dequant": "the largest int4 weight, dequantized to the compute precision for its matmul",
+}
+"""What each breakdown part holds, for legends and tables."""
 
 
 # ---- precision and optimizer -----------------------------------------------------------
@@ -356,6 +197,15 @@ class MemoryEstimate:
     """LoRA rank (0: full fine-tuning)."""
     trainable_parameters: int = 0
     """Parameters with gradients and optimizer state: all of them, or the LoRA adapters."""
+    quantize: str = "none"
+    """How the frozen base is stored: 'none' (the parameter precision), 'int8' or 'int4'."""
+    base_weight_bytes: int = 0
+    """The model's own weights per device as held (integers and scales where quantized; no adapters)."""
+    unquantized_weight_bytes: int = 0
+    """The same weights in the parameter precision: what quantizing saves is the difference."""
+    loss_chunk_positions: int | None = None
+    """Positions per chunk of the LM head and loss (`workbench.models.lm_head.loss_chunk_length`);
+    None: the whole batch's logits at once."""
 
     def fits(self, memory_bytes: int | None, headroom: float = 0.1) -> bool:
         """True when the estimate stays under `memory_bytes` less a `headroom` fraction (XLA's own
@@ -440,6 +290,9 @@ def estimate(
     attention: str | None = None,
     lora_rank: int = 0,
     lora_targets: str | Sequence[str] = "auto",
+    quantize: str = "none",
+    loss_chunk_tokens: int | str = "auto",
+    memory_bytes: int | None = None,
 ) -> MemoryEstimate:
     """Per-device peak memory of one training step (forward, backward, optimizer update).
 
@@ -452,6 +305,13 @@ def estimate(
     the adapters (fp32, as peft keeps them, replicated on every device) have weights, gradients
     and optimizer state. Activations are counted as for full fine-tuning: the backward pass still
     runs through every layer (the adapters' own rank-sized activations are left out).
+    `quantize` ('int8' or 'int4', ``model.quantize``; needs `lora_rank`): the frozen base's
+    linears (`quantized_matrices`) are held as integers and scales (`quantized_weight_bytes`),
+    with no autocast copies; int4 adds ``dequant``, the largest quantized weight dequantized to
+    the compute precision (int8 scales the matmul's output and dequantizes nothing).
+    `loss_chunk_tokens` (``train.loss_chunk_tokens``: tokens per chunk, 0 never, 'auto') sizes
+    the logits term by `loss_chunk_length`; 'auto' plans for `memory_bytes`, the device's memory
+    (None: `workbench.models.lm_head.REFERENCE_MEMORY`), as the trainer does.
     """
     shape = model_shape(model_config)
     if attention is not None:
@@ -475,8 +335,26 @@ def estimate(
     tokens = per_device_batch * seq_len
     n = shape.num_parameters
 
+    if quantize not in QUANTIZE_MODES:
+        raise ValueError(
+            f"quantize={quantize!r} is not allowed: one of {', '.join(map(repr, QUANTIZE_MODES))}"
+        )
+    if quantize != "none" and not lora_rank:
+        raise ValueError(
+            f"quantize={quantize!r} needs lora_rank >= 1: a quantized base is frozen integers, only "
+            "LoRA adapters can train on top of it (or quantize='none' for full fine-tuning)"
+        )
+    # The frozen base's quantized linears: integers and scales instead of parameter-precision weights.
+    qmats = quantized_matrices(shape) if quantize != "none" else []
+    q_elements = sum(o * i for _, o, i in qmats)
+    q_bytes = sum(quantized_weight_bytes(o, i, quantize) for _, o, i in qmats)
+    # embeddings, norms, biases (every weight when not quantized); counted from the shapes when
+    # quantized, as a real model given here may hold its integers outside its parameters
+    plain = n if not qmats else sum(math.prod(s) for _, s in shape.parameter_shapes()) - q_elements
+
     breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0)
-    breakdown["params"] = math.ceil(n * nbytes.param / shard)
+    breakdown["params"] = math.ceil((plain * nbytes.param + q_bytes) / shard)
+    base_weight_bytes = breakdown["params"]
     if lora_rank:
         adapters = [s for _, s in lora_adapter_shapes(shape, lora_rank, lora_targets)]
         trainable = sum(math.prod(s) for s in adapters)
@@ -488,11 +366,17 @@ def estimate(
         breakdown["grads"] = math.ceil(n * nbytes.grad / shard)
         breakdown["optimizer"] = math.ceil(optimizer_state_elements(shape, optimizer) * nbytes.state / shard)
     if sizes["fsdp"] > 1:
-        # XLA hoists the all-gathers: the full weights (model-parallel shard) stay live through the step
-        breakdown["gathered_params"] = math.ceil(n * nbytes.compute / mp)
+        # XLA hoists the all-gathers: the full weights (model-parallel shard) stay live through the
+        # step; quantized matrices are gathered as the integers and scales they are stored as
+        breakdown["gathered_params"] = math.ceil((plain * nbytes.compute + q_bytes) / mp)
     elif nbytes.compute < nbytes.param:
-        # autocast's bf16 copies of the fp32 weights, kept for the backward matmuls
-        breakdown["param_casts"] = math.ceil(n * nbytes.compute / shard)
+        # autocast's bf16 copies of the fp32 weights, kept for the backward matmuls (none of the
+        # quantized matrices: they reach the matmul as integers)
+        breakdown["param_casts"] = math.ceil(plain * nbytes.compute / shard)
+    if quantize == "int4" and qmats:
+        # blockwise int4 is dequantized to the compute dtype right before its matmul, one layer's
+        # weight at a time (again in the backward pass, never saved between them): the largest one
+        breakdown["dequant"] = math.ceil(max(o * i for _, o, i in qmats) * nbytes.compute / mp)
     if grad_accum > 1:
         # the running sum persists while the next micro-batch's gradients are produced
         breakdown["grad_accum_buffer"] = breakdown["grads"]
@@ -509,8 +393,19 @@ def estimate(
     breakdown["activations"] = math.ceil(
         tokens * (rest * nbytes.compute + fp32_part * 4 + scores * score_bytes)
     )
-    # logits and log-softmax in fp32 plus their gradients (vocab-parallel under a model axis)
-    breakdown["logits"] = math.ceil(tokens * 4 * shape.vocab * 4 / mp)
+    # logits and log-softmax in fp32 plus their gradients (vocab-parallel under a model axis), for
+    # the whole batch or, chunked, one chunk of positions of every row
+    chunk = loss_chunk_length(
+        loss_chunk_tokens,
+        rows=per_device_batch,
+        length=seq_len,
+        vocab=shape.vocab,
+        memory_bytes=memory_bytes,
+        model_parallel=mp,
+    )
+    breakdown["logits"] = logits_bytes(
+        rows=per_device_batch, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp
+    )
     breakdown["inputs"] = tokens * 2 * 8  # input_ids and labels, int64
 
     return MemoryEstimate(
@@ -527,6 +422,10 @@ def estimate(
         num_parameters=n,
         lora_rank=lora_rank,
         trainable_parameters=trainable,
+        quantize=quantize,
+        base_weight_bytes=base_weight_bytes,
+        unquantized_weight_bytes=math.ceil(n * nbytes.param / shard),
+        loss_chunk_positions=chunk,
     )
 
 

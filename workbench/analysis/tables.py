@@ -26,11 +26,18 @@ def estimate_table(
     headroom: float = 0.1,
     **estimate_kwargs: Any,
 ) -> list[dict[str, Any]]:
-    """One row per (batch size, sequence length): total bytes, GiB, the largest parts, and whether it fits."""
+    """One row per (batch size, sequence length): total bytes, GiB, the largest parts, and whether it fits
+    (`memory_bytes` also plans a ``loss_chunk_tokens='auto'`` estimate's loss chunks)."""
     rows = []
     for seq_len in seq_lens:
         for batch_size in batch_sizes:
-            est = estimate(model_config, batch_size=batch_size, seq_len=seq_len, **estimate_kwargs)
+            est = estimate(
+                model_config,
+                batch_size=batch_size,
+                seq_len=seq_len,
+                memory_bytes=memory_bytes,
+                **estimate_kwargs,
+            )
             rows.append(
                 {
                     "batch_size": batch_size,
@@ -69,7 +76,9 @@ def fit_across_targets(
         devices, limit = int(target.num_devices), target.memory_per_device_bytes
         mesh = {"data": 1, "fsdp": devices, "model": 1}
         batch = -(-batch_size // devices) * devices
-        est = estimate(model_config, batch_size=batch, seq_len=seq_len, mesh=mesh, **estimate_kwargs)
+        est = estimate(
+            model_config, batch_size=batch, seq_len=seq_len, mesh=mesh, memory_bytes=limit, **estimate_kwargs
+        )
         largest = (
             max_batch_size(
                 model_config,

@@ -23,7 +23,7 @@ What the rest of the package may ask of the backend:
   `metrics_snapshot`, `clear_metrics`, `metrics_report`, `memory_info`
 - compiling: `compile_only`, `initialize_compile_cache`, `scan`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
 - training: `gradient_checkpoint_function`, `rng_state`, `set_rng_state`,
-  `spmd_save_planner`, `spmd_load_planner` (sharded checkpoints)
+  `spmd_save_planner`, `spmd_load_planner` (sharded checkpoints), `quantized_matmul` (int8 weights)
 - profiler: `profiler` (the module; TPU traces)
 """
 
@@ -518,6 +518,15 @@ def gradient_checkpoint_function() -> Callable[..., Any]:
     import torch_xla.utils.checkpoint as xla_checkpoint
 
     return xla_checkpoint.checkpoint
+
+
+def quantized_matmul(x: Any, weight: Any, scale: Any) -> Any:
+    """``(x @ weight.T) * scale`` for an int8 ``[out, in]`` `weight` with per-output-channel `scale`
+    ``[out]``: torch_xla's ``quantized_matmul`` op, traced into the graph (no host transfer)."""
+    import torch
+    import torch_xla.experimental.xla_quantized_matmul  # noqa: F401  (registers the op)
+
+    return torch.ops.xla.quantized_matmul(x, weight, scale)
 
 
 # ---- the training loop: host copies, RNG state, sharded checkpoints ------------------

@@ -46,7 +46,8 @@ def build_model(
     seed: int = 0,
     attn_implementation: str = "eager",
 ) -> Any:
-    """A causal LM: loaded from `cfg.pretrained_path` when set, else built from the config with a seeded init.
+    """A causal LM: loaded from `cfg.pretrained_path` when set (in the checkpoint's own dtype), else
+    built from the config with a seeded init.
 
     `attn_implementation` defaults to "eager", the implementation that lowers cleanly on XLA
     and honours 4-D attention masks (used by packing). The model comes with its KV cache off
@@ -56,9 +57,11 @@ def build_model(
     import transformers as tf
 
     if cfg.pretrained_path:
+        # dtype="auto": the checkpoint's own dtype (transformers 5's default; 4.x loads fp32), so a
+        # bf16 checkpoint is not doubled on the host before `model.quantize` or bf16 casts it
         return no_kv_cache(
             tf.AutoModelForCausalLM.from_pretrained(
-                cfg.pretrained_path, attn_implementation=attn_implementation
+                cfg.pretrained_path, attn_implementation=attn_implementation, dtype="auto"
             )
         )
     config = hf_config(cfg, vocab_size)

@@ -6,7 +6,8 @@ apply one with ``cfg.with_overrides({f"model.{k}": v for k, v in MODEL_PRESETS[n
 No vocabulary size: a model built from a config takes its vocabulary from the tokenizer the run
 uses (`Trainer` builds it with ``vocab_size=len(tokenizer)``), so the preset's own vocabulary
 would only make the logits estimate describe a model that never trains. Add ``vocab_size`` by
-hand to estimate the real model (e.g. 128256 for Llama 3).
+hand to estimate the real model: 32000 for Llama 2, 128256 for Llama 3.x, 151936 for Qwen2.5-0.5B,
+152064 for Qwen2.5-7B. (Shapes only: rope_theta and the like change no memory or FLOPs figure.)
 
 Plain Python: no UI imports.
 """
@@ -45,6 +46,8 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "Llama-3.2-1B shape": _preset("llama", 2048, 16, 32, 8, 8192, 8192, True),
     "Llama-3.2-3B shape": _preset("llama", 3072, 28, 24, 8, 8192, 8192, True),
     "Llama-2-7B shape": _preset("llama", 4096, 32, 32, 32, 11008, 4096, False),
+    "Llama-3.1-8B shape": _preset("llama", 4096, 32, 32, 8, 14336, 131072, False),
+    "Qwen2.5-7B shape": _preset("qwen2", 3584, 28, 28, 4, 18944, 32768, False),
 }
 
 __all__ = ["MODEL_PRESETS"]

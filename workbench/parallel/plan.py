@@ -8,7 +8,10 @@ rule's tensor-parallel spec, then the FSDP axis on the largest dimension the rul
 the dimension, its size and the axis. The `ShardingReport` holds a `ShardEntry` per parameter,
 the totals per device and, through `shard_map`, which device holds which slice (`ShardMap`,
 what the mesh widget draws). Each entry says where its rule came from (`ShardEntry.source`).
-Rules see through PEFT's wrappers and LoRA adapters follow their base layer (`lora_spec`).
+Rules see through PEFT's wrappers and LoRA adapters follow their base layer (`lora_spec`). A
+quantized layer's ``weight`` (int8 ``[out, in]`` or packed int4 ``[out, in / 2]``,
+`workbench.models.quantize`) takes its layer's rule like any weight, and its ``weight_scale``
+follows that weight's final spec (`scale_spec`), so each device scales the rows and blocks it holds.
 
 Plain Python, nothing is built or moved: the plan can be made for hardware that is not here.
 `workbench.parallel.apply` applies it to a real model.
@@ -344,9 +347,10 @@ def plan_sharding(
     notes = list(getattr(rules, "notes", ()))
     rule_list = as_rules(rules)
     params = [(name, tuple(int(s) for s in shape), dtype) for name, shape, dtype in params]
+    scales = {name: shape for name, shape, _dtype in params if _SCALE.match(name)}
     entries: dict[str, ShardEntry] = {}
     for name, shape, dtype in params:
-        if _ADAPTER.match(name):
+        if _ADAPTER.match(name) or name in scales:
             continue  # after every base layer has its spec
         matched = next((r for r in rule_list if r.applies(rule_name(name), len(shape))), None)
         entries[name] = _entry(
@@ -360,8 +364,10 @@ def plan_sharding(
             matched.source if matched else "no rule",
         )
     for name, shape, dtype in params:
-        if name not in entries:
-            entries[name] = _adapter_entry(name, shape, dtype, entries, sizes, set(transposed))
+        if name in scales:
+            entries[name] = _scale_entry(name, shape, dtype, entries, sizes)
+        elif name not in entries:
+            entries[name] = _adapter_entry(name, shape, dtype, entries, sizes, set(transposed), scales)
     report = ShardingReport(
         [entries[name] for name, _shape, _dtype in params],
         sizes,
@@ -410,6 +416,8 @@ _ADAPTER = re.compile(
     r"^(?P<layer>.+)\.(?P<kind>lora_A|lora_B|lora_embedding_A|lora_embedding_B|lora_magnitude_vector)"
     r"\.[^.]+(?:\.weight)?$"
 )
+_SCALE = re.compile(r"^(?P<weight>.+\.weight)_scale$")
+"""A quantized layer's scales (`workbench.models.quantize.QuantizedLinear.weight_scale`)."""
 
 
 def rule_name(name: str) -> str:
@@ -454,6 +462,7 @@ def _adapter_entry(
     entries: Mapping[str, ShardEntry],
     sizes: dict[str, int],
     transposed: set[str],
+    scales: Mapping[str, tuple[int, ...]],
 ) -> ShardEntry:
     """A LoRA adapter's entry: `lora_spec` from its base layer, then FSDP where it divides."""
     found = _ADAPTER.match(name)
@@ -464,11 +473,44 @@ def _adapter_entry(
         spec = _fsdp_where_it_divides((None,) * len(shape), shape, sizes)
         note = f"{kind}: no 2-D base weight of {layer} found, FSDP only"
         return _entry(name, shape, dtype, spec, sizes, None, note, FSDP_FALLBACK)
-    model = lora_spec(kind, shape, base.shape, base.spec, base.name in transposed)
+    base_shape = base.shape
+    scale = scales.get(f"{base.name}_scale")
+    if scale is not None:  # a quantized Linear: [out, in], in packed two a byte when its scales are blockwise
+        base_shape = (base.shape[0], base.shape[1] * (2 if len(scale) == 2 else 1))
+    model = lora_spec(kind, shape, base_shape, base.spec, base.name in transposed)
     spec = _fsdp_where_it_divides(model, shape, sizes)
     split = "split over model" if any(model) else "replicated over model"
     note = f"{kind} of {layer.rsplit('.', 1)[-1]}: {split}, like its base"
     return _entry(name, shape, dtype, spec, sizes, base.rule, note, base.source)
+
+
+def scale_spec(shape: tuple[int, ...], weight_spec: PartitionSpec, sizes: Mapping[str, int]) -> PartitionSpec:
+    """A quantized weight's scales' spec, from the weight's final spec: per-channel scales ``[out]``
+    take the weight's dim-0 entry; blockwise scales ``[out, blocks]`` take the weight's entry per
+    dimension where it divides (a shard of the packed ``in`` holds whole blocks), else replicate it."""
+    spec: list[AxisEntry] = []
+    for dim, size in enumerate(shape):
+        entry = weight_spec[dim] if dim < len(weight_spec) else None
+        parts = math.prod(sizes.get(a, 1) for a in _axes_of(entry))
+        spec.append(entry if size % parts == 0 else None)
+    return tuple(spec)
+
+
+def _scale_entry(
+    name: str, shape: tuple[int, ...], dtype: Any, entries: Mapping[str, ShardEntry], sizes: dict[str, int]
+) -> ShardEntry:
+    """A quantized weight's scales: `scale_spec` from the weight's entry (FSDP only without one)."""
+    found = _SCALE.match(name)
+    assert found is not None
+    weight = entries.get(found["weight"])
+    if weight is None:
+        spec = _fsdp_where_it_divides((None,) * len(shape), shape, sizes)
+        note = f"scales: no weight {found['weight']} found, FSDP only"
+        return _entry(name, shape, dtype, spec, sizes, None, note, FSDP_FALLBACK)
+    spec = scale_spec(shape, weight.spec, sizes)
+    layer = rule_name(found["weight"]).rsplit(".", 2)[-2]
+    note = f"scales of {layer}: follow its weight"
+    return _entry(name, shape, dtype, spec, sizes, weight.rule, note, weight.source)
 
 
 def _fsdp_where_it_divides(

@@ -16,6 +16,12 @@ tokens of an optimizer step exactly as it does for ordinary training. The teache
 put in eval mode with ``requires_grad=False`` and kept out of the objective's registered
 submodules (its weights are never in the optimizer or the student's checkpoints); with a
 mesh it is sharded like the student.
+
+With ``train.loss_chunk_tokens`` (`workbench.train.objective.LossChunking`) the KL and CE terms
+run in chunks of positions like the plain loss (`workbench.models.lm_head`): per chunk the
+student's and the teacher's logits from their final hidden states and heads (the teacher's
+without gradients), recomputed in the backward pass, so neither model's ``[tokens x vocab]``
+logits exist whole. The hidden-state term is the same either way.
 """
 
 from __future__ import annotations
@@ -28,7 +34,14 @@ import torch.nn.functional as F
 
 from workbench.data.records import IGNORE_INDEX
 from workbench.models.inputs import model_inputs
-from workbench.train.objective import shift_for_next_token, token_ce_sum
+from workbench.models.lm_head import LMHead, chunked_sums, next_token_labels
+from workbench.train.objective import (
+    ChunkPlan,
+    LossChunking,
+    Notice,
+    shift_for_next_token,
+    token_ce_sum,
+)
 
 
 @dataclass
@@ -82,6 +95,30 @@ def _hidden_size(model: Any) -> int:
     return int(getattr(config, "hidden_size", None) or config.n_embd)
 
 
+class DistillChunk(torch.nn.Module):
+    """One chunk's KL(teacher ‖ student at T) and CE sums from both models' final hidden states
+    (labels already shifted: `workbench.models.lm_head.next_token_labels`).
+
+    Only the student's head is a submodule (what the chunk's checkpoint treats as its weights);
+    the teacher's logits are computed here without gradients, so in the backward pass they are
+    recomputed with the student's rather than kept for every chunk.
+    """
+
+    def __init__(self, student: LMHead, teacher: LMHead, temperature: float) -> None:
+        super().__init__()
+        self.head = student.head  # registered; the LMHead records below are plain attributes
+        self.student, self.teacher, self.temperature = student, teacher, temperature
+
+    def forward(
+        self, student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.student.logits(student_hidden)
+        with torch.no_grad():
+            t = self.teacher.logits(teacher_hidden)
+        mask = (labels != IGNORE_INDEX).to(torch.float32)
+        return token_kl_sum(s, t, mask, self.temperature), token_ce_sum(s, labels)
+
+
 def freeze(model: torch.nn.Module) -> torch.nn.Module:
     """Eval mode (dropout off) and no gradients, for a teacher."""
     model.eval()
@@ -94,13 +131,21 @@ class DistillationObjective(torch.nn.Module):
     """The loop's loss for distillation: call with ``(student, batch)``, get sums and a token count.
 
     Registered (trainable, checkpointed) submodules: only the hidden-state projection, when used.
+    `chunking` and `notice`: as `workbench.train.objective.CausalLMObjective`'s.
     """
 
     def __init__(
-        self, teacher: torch.nn.Module, student: torch.nn.Module, settings: DistillSettings | None = None
+        self,
+        teacher: torch.nn.Module,
+        student: torch.nn.Module,
+        settings: DistillSettings | None = None,
+        *,
+        chunking: LossChunking | None = None,
+        notice: Notice | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings or DistillSettings()
+        self.plan = ChunkPlan(chunking, notice)
         t_vocab = teacher.get_output_embeddings().weight.shape[0]
         s_vocab = student.get_output_embeddings().weight.shape[0]
         if t_vocab != s_vocab:
@@ -119,17 +164,39 @@ class DistillationObjective(torch.nn.Module):
         self.teacher.eval()  # the teacher never leaves eval mode
         return self
 
+    @property
+    def chunking(self) -> LossChunking:
+        return self.plan.chunking
+
     def forward(self, student: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         settings = self.settings
         want_hidden = self.projection is not None
-        with torch.no_grad():
-            t_out = self.teacher(**model_inputs(batch, self.teacher), output_hidden_states=want_hidden)
-        s_out = student(**model_inputs(batch, student), output_hidden_states=want_hidden)
-        s, y = shift_for_next_token(s_out.logits, batch["labels"])
-        t, _ = shift_for_next_token(t_out.logits.detach(), batch["labels"])
-        mask = (y != IGNORE_INDEX).to(torch.float32)
-        kl = token_kl_sum(s, t, mask, settings.temperature)
-        ce = token_ce_sum(s, y)
+        labels = batch["labels"]
+        chunked = self.plan.heads([student, self.teacher], labels)
+        if chunked is None:
+            with torch.no_grad():
+                t_out = self.teacher(**model_inputs(batch, self.teacher), output_hidden_states=want_hidden)
+            s_out = student(**model_inputs(batch, student), output_hidden_states=want_hidden)
+            s, y = shift_for_next_token(s_out.logits, labels)
+            t, _ = shift_for_next_token(t_out.logits.detach(), labels)
+            mask = (y != IGNORE_INDEX).to(torch.float32)
+            kl = token_kl_sum(s, t, mask, settings.temperature)
+            ce = token_ce_sum(s, y)
+        else:
+            (s_head, t_head), positions = chunked
+            with torch.no_grad():
+                t_out = t_head.hidden_states(
+                    model_inputs(batch, self.teacher), output_hidden_states=want_hidden
+                )
+            s_out = s_head.hidden_states(model_inputs(batch, student), output_hidden_states=want_hidden)
+            per_position = [
+                s_out.last_hidden_state,
+                t_out.last_hidden_state.detach(),
+                next_token_labels(labels),
+            ]
+            chunk = DistillChunk(s_head, t_head, settings.temperature)
+            kl, ce = chunked_sums(chunk, per_position, positions)
+            mask = (labels[:, 1:] != IGNORE_INDEX).to(torch.float32)
         total = settings.alpha * settings.temperature**2 * kl + (1.0 - settings.alpha) * ce
         parts = {"kl_sum": kl.detach(), "ce_sum": ce.detach()}
         if self.projection is not None:

@@ -60,6 +60,8 @@ def memory_batch_cap(
                 mesh=mesh,
                 lora_rank=cfg.lora.rank,
                 lora_targets=cfg.lora.target_modules,
+                quantize=cfg.model.quantize,
+                loss_chunk_tokens=train.loss_chunk_tokens,
             )
         )
     except Exception as err:  # an estimate that cannot be made must not stop training

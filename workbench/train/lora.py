@@ -19,6 +19,13 @@
 - `load_adapter(base, path)`: the adapter back onto its base, after checking it was saved for
   this base (the names and shapes recorded beside it, and the adapter's own tensor shapes).
 
+A quantized base (``model.quantize``: `workbench.models.quantize.QuantizedLinear` layers) takes
+adapters like a Linear one: peft wraps each quantized layer with its LoRA ``Linear`` (registered
+as a custom module), the adapters stay fp32, and the base counts its logical parameters, so an
+adapter trained on it loads onto the plain unquantized base (and back onto a quantized one).
+Merged, it is written as a bf16 `transformers` checkpoint of the dequantized, merged weights
+(`dequantized_state_dict`; a warning says so).
+
 Placement under SPMD is `workbench.parallel.apply.shard_model`'s job: it runs on the LoRA model
 like on any other (base weights by their family rules, adapters by theirs). `peft` is imported
 only here and only when a function here runs, so a run with ``lora.rank=0`` never needs it.
@@ -27,6 +34,7 @@ only here and only when a function here runs, so a run with ``lora.rank=0`` neve
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
 import warnings
@@ -35,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from workbench.models.quantize import QuantizedLinear, logical_parameter_count, quantized_layers
 from workbench.train.state_io import host_tensors
 
 if TYPE_CHECKING:  # annotations only
@@ -70,8 +79,9 @@ def _conv1d_type() -> type:
 
 
 def layer_sizes(module: Any) -> tuple[int, int] | None:
-    """(in, out) features of a layer LoRA can adapt (Linear, transformers' Conv1D, Embedding); None otherwise."""
-    if isinstance(module, torch.nn.Linear):
+    """(in, out) features of a layer LoRA can adapt (Linear, a quantized Linear, transformers' Conv1D,
+    Embedding); None otherwise."""
+    if isinstance(module, (torch.nn.Linear, QuantizedLinear)):
         return module.in_features, module.out_features
     if isinstance(module, _conv1d_type()):  # weight [in, out]
         return int(module.weight.shape[0]), int(module.weight.shape[1])
@@ -212,6 +222,7 @@ def apply_lora(model: Any, lora: LoraConfig, *, seed: int = 0) -> Any:
         task_type="CAUSAL_LM",
         fan_in_fan_out=conv1d,  # GPT-2's Conv1D stores weights [in, out]
     )
+    _know_quantized_layers(config, model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         peft_model = peft.get_peft_model(model, config)
@@ -221,34 +232,63 @@ def apply_lora(model: Any, lora: LoraConfig, *, seed: int = 0) -> Any:
     return peft_model
 
 
+def _know_quantized_layers(config: Any, model: Any) -> None:
+    """Have peft wrap `QuantizedLinear` base layers with its LoRA Linear (`_lora_on_quantized`), when
+    `model` has any: peft's own dispatch knows only its layer types (``_register_custom_module``)."""
+    if quantized_layers(base_of(model)):
+        config._register_custom_module({QuantizedLinear: _lora_on_quantized()})
+
+
+@functools.cache
+def _lora_on_quantized() -> type:
+    """peft's LoRA ``Linear`` for a `QuantizedLinear` base: its sizes from the layer (peft reads them
+    only from the layer types it knows) and merging into the integers refused (`merged_state_dict`
+    dequantizes and merges on the way out instead). Built on first use: peft is imported lazily."""
+    from peft.tuners.lora.layer import Linear
+
+    class QuantizedLoraLinear(Linear):
+        def _get_in_out_features(self, module: Any) -> tuple[int, int]:
+            return module.in_features, module.out_features
+
+        def merge(self, safe_merge: bool = False, adapter_names: Any = None) -> None:
+            raise LoraError(
+                "adapters cannot be merged into int8/int4 base weights in place: save with merged=True "
+                "(workbench.train.lora.save_model), which writes the dequantized, merged weights in bf16"
+            )
+
+    return QuantizedLoraLinear
+
+
 def trainable_parameters(model: Any) -> dict[str, torch.nn.Parameter]:
     """Name -> parameter for every parameter that trains (the adapters of a LoRA model)."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
 def parameter_counts(model: Any) -> tuple[int, int]:
-    """(trainable, total) parameters, tied weights once."""
+    """(trainable, total) parameters, tied weights once; a quantized weight counts as the ``out x in``
+    parameters it stands for (`workbench.models.quantize.logical_parameter_count`)."""
     seen: dict[int, torch.nn.Parameter] = {}
     for p in model.parameters():
         seen.setdefault(id(p), p)
-    return sum(p.numel() for p in seen.values() if p.requires_grad), sum(p.numel() for p in seen.values())
+    return sum(p.numel() for p in seen.values() if p.requires_grad), logical_parameter_count(model)
 
 
 # ---- and back: files -------------------------------------------------------------------------
 
 
 def base_model_identity(model: Any) -> dict[str, Any]:
-    """What names a base model: its path (if it was loaded from one), family and sizes."""
+    """What names a base model: its path (if it was loaded from one), family and sizes. The parameter
+    count is the unquantized model's (a quantized base names the same model as its plain one)."""
     base = base_of(model)
     config = base.config
-    params = {name: p for name, p in base.named_parameters() if not _ADAPTER_PART.search(name)}
+    adapters = sum(p.numel() for name, p in base.named_parameters() if _ADAPTER_PART.search(name))
     return {
         "name_or_path": getattr(base, "name_or_path", "") or "",
         "model_type": getattr(config, "model_type", type(base).__name__),
         "hidden_size": getattr(config, "hidden_size", None),
         "num_layers": getattr(config, "num_hidden_layers", None),
         "vocab_size": getattr(config, "vocab_size", None),
-        "parameters": sum(p.numel() for p in {id(p): p for p in params.values()}.values()),
+        "parameters": logical_parameter_count(base) - adapters,
     }
 
 
@@ -266,10 +306,13 @@ def describe_base(identity: dict[str, Any]) -> str:
 
 def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     """Host copies of the base model's weights with every adapter merged in (``W + scale * B A``),
-    under the base model's own parameter names."""
+    under the base model's own parameter names. A quantized base (`QuantizedLinear` layers) comes
+    out dequantized, merged and in bf16 (`dequantized_state_dict`)."""
     from peft.tuners.lora import LoraLayer
 
     base = base_of(model)
+    if quantized_layers(base):
+        return dequantized_state_dict(model)
     merged: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, module in base.named_modules():
@@ -286,6 +329,44 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return host_tensors(tensors)
 
 
+MERGED_DTYPE = torch.bfloat16
+"""What a quantized base's merged (or plain) export is written in: its integers hold at most 8 bits."""
+
+
+def dequantized_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """Host tensors of a model with `QuantizedLinear` layers as a plain `transformers` checkpoint in
+    bf16: each quantized weight dequantized with its scales, its adapter (if any) merged in fp32,
+    ``weight_scale`` entries gone, every floating tensor bf16, names without peft's wrappers.
+
+    The model's tensors reach the host in one batched transfer (integers: the smallest form); the
+    dequantizing and merging happen there, layer by layer, so the device never holds a bf16 copy.
+    """
+    from workbench.models.quantize import dequantize_weight
+
+    base = base_of(model)
+    layers = quantized_layers(base)
+    state = host_tensors(dict(base.state_dict()))
+    merged: dict[str, torch.Tensor] = {}
+    for name, layer in layers.items():
+        weight = dequantize_weight(state.pop(f"{name}.weight"), state.pop(f"{name}.weight_scale"), layer.mode)
+        owner = name.removesuffix(".base_layer")
+        a, b = (
+            state.get(f"{owner}.lora_A.{ADAPTER_NAME}.weight"),
+            state.get(f"{owner}.lora_B.{ADAPTER_NAME}.weight"),
+        )
+        if a is not None and b is not None:
+            scaling = base.get_submodule(owner).scaling[ADAPTER_NAME]
+            weight += scaling * (b.float() @ a.float())
+        merged[f"{owner}.weight"] = weight.to(MERGED_DTYPE)
+        del weight
+    for key, value in state.items():
+        if not _ADAPTER_PART.search(key):
+            merged[key.replace(".base_layer.", ".")] = (
+                value.to(MERGED_DTYPE) if value.is_floating_point() else value
+            )
+    return merged
+
+
 def save_model(model: Any, path: str | Path, *, merged: bool = False, tokenizer: Any = None) -> Path:
     """Write `model` to directory `path`: a peft adapter (a LoRA model, ``merged=False``), else a full
     `transformers` model (merged adapters included); `tokenizer` (when given) beside it. Returns the path."""
@@ -295,12 +376,31 @@ def save_model(model: Any, path: str | Path, *, merged: bool = False, tokenizer:
         adapters = host_tensors({k: p.detach() for k, p in trainable_parameters(model).items()})
         model.save_pretrained(str(path), state_dict=adapters, save_embedding_layers=False)
         (path / BASE_MODEL_FILE).write_text(json.dumps(base_model_identity(model), indent=1))
+    elif quantized_layers(base_of(model)):
+        modes = sorted({layer.mode for layer in quantized_layers(base_of(model)).values()})
+        base_of(model).save_pretrained(str(path), state_dict=dequantized_state_dict(model))
+        _set_config_dtype(path, MERGED_DTYPE)
+        warnings.warn(
+            f"{'merged ' if is_lora(model) else ''}model saved to {str(path)!r} dequantized from "
+            f"{'/'.join(modes)} to {str(MERGED_DTYPE).removeprefix('torch.')}: its base weights were "
+            "quantized, so this is a plain transformers checkpoint of the dequantized (and merged) weights",
+            UserWarning,
+            stacklevel=2,
+        )
     else:
         state = merged_state_dict(model) if is_lora(model) else host_tensors(dict(model.state_dict()))
         base_of(model).save_pretrained(str(path), state_dict=state)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
     return path
+
+
+def _set_config_dtype(path: Path, dtype: torch.dtype) -> None:
+    """Record `dtype` in a saved model's ``config.json`` (transformers writes the live model's)."""
+    config_file = path / "config.json"
+    config = json.loads(config_file.read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def load_adapter(base: Any, path: str | Path, *, is_trainable: bool = False) -> Any:
@@ -311,7 +411,11 @@ def load_adapter(base: Any, path: str | Path, *, is_trainable: bool = False) -> 
     check_adapter_fits(base, path)
     import peft
 
-    return peft.PeftModel.from_pretrained(base, str(path), is_trainable=is_trainable)
+    if not quantized_layers(base_of(base)):
+        return peft.PeftModel.from_pretrained(base, str(path), is_trainable=is_trainable)
+    config = peft.LoraConfig.from_pretrained(str(path))
+    _know_quantized_layers(config, base)  # onto a quantized base as onto its plain one
+    return peft.PeftModel.from_pretrained(base, str(path), is_trainable=is_trainable, config=config)
 
 
 def check_adapter_fits(base: Any, path: str | Path) -> None:

@@ -74,7 +74,8 @@ class StepEngine:
             train.max_grad_norm,
         )
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self.eval_objective = CausalLMObjective()
+        # the eval loss chunks as the training objective does (train.loss_chunk_tokens), without a notice
+        self.eval_objective = CausalLMObjective(getattr(objective, "chunking", None))
         self._loss_acc: torch.Tensor | None = None
         self._tokens_acc: torch.Tensor | None = None
 

@@ -47,7 +47,7 @@ from workbench.train.checkpoint import CheckpointManager
 from workbench.train.distill import DistillationObjective, DistillSettings
 from workbench.train.ladder import batch_ladder
 from workbench.train.lora import apply_lora, save_model
-from workbench.train.objective import CausalLMObjective
+from workbench.train.objective import CausalLMObjective, LossChunking
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import build_optimizer, warmup_cosine
 from workbench.train.state import LoopState, TrainingState
@@ -165,10 +165,10 @@ class Trainer:
         if model is None:
             vocab = len(self.tokenizer) if self.tokenizer is not None else None
             model = build_model(cfg.model, vocab_size=vocab, seed=train.seed)
-        self.model = prepare_model(model, train, xla=self.xla, lora=cfg.lora, scan=cfg.model.scan_layers)
+        self.model = prepare_model(model, train, cfg.model, xla=self.xla, lora=cfg.lora, notice=self._notice)
         self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher = teacher
-        self.objective = build_objective(self.model, teacher, train, mesh=self.mesh, device=self.device)
+        self.objective = build_objective(self, teacher)
         self.optimizer = build_optimizer(self.model, train, extra_params=self.objective.parameters())
         self.scheduler = warmup_cosine(self.optimizer, train)
 
@@ -418,16 +418,35 @@ class Trainer:
 
 
 def prepare_model(
-    model: torch.nn.Module, train: Any, *, xla: bool, lora: Any = None, scan: bool = False
+    model: torch.nn.Module,
+    train: Any,
+    model_cfg: Any = None,
+    *,
+    xla: bool,
+    lora: Any = None,
+    scan: bool = False,
+    quantize: str = "none",
+    notice: Callable[[str], None] | None = None,
 ) -> torch.nn.Module:
     """Precision, no KV cache (training never decodes), gradient checkpointing: as `train` says; then,
-    with ``lora.rank > 0``, the LoRA model (frozen base, seeded adapters: `workbench.train.lora`);
-    then, with `scan` on XLA, the decoder stack scanned (`workbench.models.scan`; checked on every
-    backend, a no-op off XLA), whose rematerialisation is the gradient checkpointing.
+    with `quantize` ('int8', 'int4'), the base's linears as integers (`workbench.models.quantize`,
+    layer by layer; `notice` hears what was quantized); then, with ``lora.rank > 0``, the LoRA model
+    (frozen base, seeded adapters: `workbench.train.lora`); then, with `scan` on XLA, the decoder
+    stack scanned (`workbench.models.scan`; checked on every backend, a no-op off XLA), whose
+    rematerialisation is the gradient checkpointing. `model_cfg` (a `ModelConfig`, the Trainer's
+    call) supplies `scan` and `quantize` from ``model.scan_layers`` and ``model.quantize``.
     Runs on the host, before the model is placed on its device or mesh."""
+    if model_cfg is not None:
+        scan, quantize = model_cfg.scan_layers, model_cfg.quantize
     if train.precision == "bf16":
         model.to(torch.bfloat16)
     no_kv_cache(model)  # a model handed in did not come through build_model
+    if quantize != "none":  # before LoRA, so the adapters wrap the quantized layers
+        from workbench.models.quantize import quantize_model
+
+        summary = quantize_model(model, quantize)
+        if notice is not None:
+            notice(summary.notice())
     if scan:
         check_scannable(model)
     if train.gradient_checkpointing and not (scan and xla):
@@ -463,14 +482,25 @@ def place(module: torch.nn.Module, mesh: Any, device: Any) -> Any:
     return None
 
 
-def build_objective(
-    model: torch.nn.Module, teacher: torch.nn.Module | None, train: Any, *, mesh: Any, device: Any
-) -> torch.nn.Module:
-    """Next-token cross-entropy, or distillation from `teacher` when one is given."""
+def build_objective(trainer: Trainer, teacher: torch.nn.Module | None) -> torch.nn.Module:
+    """Next-token cross-entropy, or distillation from `teacher` when one is given, for the trainer's
+    (placed) model; the loss in chunks as ``train.loss_chunk_tokens`` says for this run's devices
+    (`LossChunking`: one device's memory, the rows it holds, the vocabulary's split), with one
+    notice when it chunks."""
+    model, train, mesh, device = trainer.model, trainer.cfg.train, trainer.mesh, trainer.device
+    spec = trainer.mesh_spec
+    chunking = LossChunking(
+        train.loss_chunk_tokens,
+        memory_bytes=trainer.hw.memory_per_device_bytes,
+        data_parallel=spec.dp_size if spec is not None else 1,
+        model_parallel=spec.model if spec is not None else 1,
+    )
     if teacher is None:
-        return CausalLMObjective().to(device)
+        return CausalLMObjective(chunking, notice=trainer._notice).to(device)
     settings = DistillSettings(train.distill_alpha, train.distill_temperature, train.distill_hidden_weight)
-    objective = DistillationObjective(no_kv_cache(teacher), model, settings)
+    objective = DistillationObjective(
+        no_kv_cache(teacher), model, settings, chunking=chunking, notice=trainer._notice
+    )
     if train.precision == "bf16":
         teacher.to(torch.bfloat16)
     place(teacher, mesh, device)

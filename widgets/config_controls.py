@@ -1,0 +1,73 @@
+"""The config panel's controls for the two settings that shrink a big model's step: a quantized
+base (``model.quantize``) and a chunked loss (``train.loss_chunk_tokens``).
+
+`MemorySavingControls` holds the two widgets; the panel (`widgets.config_panel.ConfigPanel`) asks
+it for its config overrides and wires its widgets like its own. What each setting saves is drawn
+by `widgets.config_figures.quantize_readout` and `loss_chunk_readout`.
+
+- Quantized base: 'none' (the training precision), 'int8' (per output channel) or 'int4'
+  (blockwise). Only LoRA trains on top of integers: with LoRA off the config refuses it, and the
+  panel shows that message instead of an estimate.
+- Loss chunk: 'auto' (chunk when the whole batch's logits would take a large share of the
+  device's memory, as the trainer does), never (0), or a number of tokens per chunk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as ipw
+
+from workbench.models.quantize import QUANTIZE_MODES
+
+QUANTIZE_LABELS = {
+    "none": "none (training precision)",
+    "int8": "int8 (per channel)",
+    "int4": "int4 (blockwise)",
+}
+"""How the quantize dropdown names each of `workbench.models.quantize.QUANTIZE_MODES`."""
+LOSS_CHUNK_TOKENS: list[int | str] = ["auto", 0, 256, 512, 1024, 2048, 4096, 8192]
+"""The loss chunk sizes offered (tokens per chunk; 'auto'; 0: never), plus the config's own."""
+
+
+def _chunk_label(value: int | str) -> str:
+    if value == "auto":
+        return "auto (when the logits are large)"
+    if value == 0:
+        return "never (whole batch at once)"
+    return f"{value} tokens"
+
+
+class MemorySavingControls:
+    """The quantized-base dropdown and the loss-chunk dropdown, as widgets."""
+
+    def __init__(self, cfg: Any, *, style: dict[str, str], layout: ipw.Layout) -> None:
+        self.quantize = ipw.Dropdown(
+            options=[(QUANTIZE_LABELS.get(m, m), m) for m in QUANTIZE_MODES],
+            value=cfg.model.quantize,
+            description="Quantized base",
+            style=style,
+            layout=layout,
+            tooltip="frozen base weights stored as integers under LoRA (model.quantize)",
+        ).add_class("wb-quantize")
+        own = cfg.train.loss_chunk_tokens
+        chunks = [*LOSS_CHUNK_TOKENS, *([] if own in LOSS_CHUNK_TOKENS else [own])]
+        self.loss_chunk = ipw.Dropdown(
+            options=[(_chunk_label(v), v) for v in chunks],
+            value=own,
+            description="Loss chunk",
+            style=style,
+            layout=layout,
+            tooltip="LM head + cross-entropy a chunk of tokens at a time (train.loss_chunk_tokens)",
+        ).add_class("wb-loss-chunk")
+
+    @property
+    def widgets(self) -> list[ipw.Widget]:
+        return [self.quantize, self.loss_chunk]
+
+    def overrides(self) -> dict[str, Any]:
+        """The ``model.quantize`` and ``train.loss_chunk_tokens`` settings these controls describe."""
+        return {"model.quantize": self.quantize.value, "train.loss_chunk_tokens": self.loss_chunk.value}
+
+
+__all__ = ["LOSS_CHUNK_TOKENS", "QUANTIZE_LABELS", "MemorySavingControls"]
