@@ -69,7 +69,7 @@ def run_variant(args: argparse.Namespace, layers: int, *, scan: bool) -> dict:
     )
     dev = runtime.device()
     model = build_model(cfg.model, seed=0)
-    model = prepare_model(model, cfg.train, xla=True, scan=scan)
+    model = prepare_model(model, cfg.train, cfg.model, xla=True)
     model.to(dev)
     model.tie_weights()  # `.to(xla)` unties the LM head from the embedding; the Trainer ties them again
     optimizer = build_optimizer(model, cfg.train)

@@ -183,3 +183,31 @@ def test_lora_section_defaults_overrides_and_round_trip(tmp_path: Path) -> None:
     cfg.to_yaml(path)
     assert "target_modules:\n  - q_proj\n  - v_proj" in path.read_text()  # a YAML list
     assert WorkbenchConfig.from_yaml(path) == cfg and WorkbenchConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_the_8b_recipe_fits_one_v5e_chip_by_the_estimate():
+    # configs/lora-8b-v5e-1.yaml on a Llama-3.1-8B checkpoint: what the README promises a Colab user
+    from workbench.analysis.batch import max_batch_size
+    from workbench.analysis.estimate import estimate
+    from workbench.models.presets import MODEL_PRESETS
+    from workbench.units import GiB
+
+    cfg = load_config(Path(__file__).parent.parent / "configs" / "lora-8b-v5e-1.yaml")
+    shape = {f"model.{k}": v for k, v in MODEL_PRESETS["Llama-3.1-8B shape"].items()}
+    cfg = cfg.with_overrides({**shape, "model.vocab_size": 128256})
+    assert (cfg.model.quantize, cfg.lora.rank, cfg.train.loss_chunk_tokens) == ("int8", 16, "auto")
+    common = dict(
+        seq_len=cfg.data.max_length,
+        precision=cfg.train.precision,
+        gradient_checkpointing=cfg.train.gradient_checkpointing,
+        lora_rank=cfg.lora.rank,
+        quantize=cfg.model.quantize,
+        loss_chunk_tokens=cfg.train.loss_chunk_tokens,
+    )
+    est = estimate(cfg.model, batch_size=cfg.train.batch_size, memory_bytes=16 * GiB, **common)
+    assert est.fits(16 * GiB), est.table()
+    assert max_batch_size(cfg.model, memory_bytes=16 * GiB, **common) >= cfg.train.batch_size
+    unquantized = estimate(
+        cfg.model, batch_size=cfg.train.batch_size, memory_bytes=16 * GiB, **{**common, "quantize": "none"}
+    )
+    assert not unquantized.fits(16 * GiB)

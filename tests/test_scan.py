@@ -126,23 +126,23 @@ def test_prepare_model_off_xla_leaves_the_stack_unrolled_and_says_so():
     cfg = WorkbenchConfig().with_overrides(
         {"model.family": "llama", "model.scan_layers": True, "train.gradient_checkpointing": True}
     )
-    model = prepare_model(build_model(tiny("llama"), seed=0), cfg.train, xla=False, scan=True)
+    model = prepare_model(build_model(tiny("llama"), seed=0), cfg.train, cfg.model, xla=False)
     assert scanned_layers(model) is None
     assert all(layer.gradient_checkpointing for layer in model.model.layers)  # transformers' own
     (notice,) = scan_notices(cfg.model, xla=False)
     assert "model.scan_layers" in notice and "no-op" in notice
     assert scan_notices(cfg.model, xla=True) == []
     with pytest.raises(ScanLayersError, match="'gpt2'"):  # checked off XLA too
-        prepare_model(build_model(tiny("gpt2"), seed=0), cfg.train, xla=False, scan=True)
+        prepare_model(build_model(tiny("gpt2"), seed=0), cfg.train, cfg.model, xla=False)
 
 
 def test_prepare_model_on_xla_scans_after_lora_and_replaces_hf_checkpointing():
     pytest.importorskip("peft")
     cfg = WorkbenchConfig().with_overrides(
-        {"train.gradient_checkpointing": True, "lora.rank": 4, "lora.alpha": 8.0}
+        {"model.scan_layers": True, "train.gradient_checkpointing": True, "lora.rank": 4, "lora.alpha": 8.0}
     )
     # prepare_model runs on the host: installing needs no XLA device
-    model = prepare_model(build_model(tiny("llama"), seed=0), cfg.train, xla=True, lora=cfg.lora, scan=True)
+    model = prepare_model(build_model(tiny("llama"), seed=0), cfg.train, cfg.model, xla=True, lora=cfg.lora)
     stack = scanned_layers(model)
     assert stack is not None and stack.remat
     assert not any(getattr(layer, "gradient_checkpointing", False) for layer in stack)

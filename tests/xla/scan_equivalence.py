@@ -46,12 +46,12 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 def train(family: str, layers: int, steps: int, *, scan: bool, remat: bool, lora: bool) -> dict[str, Any]:
-    overrides = {"train.gradient_checkpointing": remat, "train.seed": 0}
+    overrides = {"model.scan_layers": scan, "train.gradient_checkpointing": remat, "train.seed": 0}
     if lora:
         overrides.update({"lora.rank": 4, "lora.alpha": 8})
     cfg = WorkbenchConfig().with_overrides(overrides)
     model = build_model(tiny(family, num_layers=layers), seed=0)
-    model = prepare_model(model, cfg.train, xla=True, lora=cfg.lora, scan=scan)
+    model = prepare_model(model, cfg.train, cfg.model, xla=True, lora=cfg.lora)
     dev = runtime.device()
     model.to(dev)
     if hasattr(model, "tie_weights"):

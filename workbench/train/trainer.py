@@ -420,24 +420,20 @@ class Trainer:
 def prepare_model(
     model: torch.nn.Module,
     train: Any,
-    model_cfg: Any = None,
+    model_cfg: Any,
     *,
     xla: bool,
     lora: Any = None,
-    scan: bool = False,
-    quantize: str = "none",
     notice: Callable[[str], None] | None = None,
 ) -> torch.nn.Module:
     """Precision, no KV cache (training never decodes), gradient checkpointing: as `train` says; then,
-    with `quantize` ('int8', 'int4'), the base's linears as integers (`workbench.models.quantize`,
-    layer by layer; `notice` hears what was quantized); then, with ``lora.rank > 0``, the LoRA model
-    (frozen base, seeded adapters: `workbench.train.lora`); then, with `scan` on XLA, the decoder
-    stack scanned (`workbench.models.scan`; checked on every backend, a no-op off XLA), whose
-    rematerialisation is the gradient checkpointing. `model_cfg` (a `ModelConfig`, the Trainer's
-    call) supplies `scan` and `quantize` from ``model.scan_layers`` and ``model.quantize``.
-    Runs on the host, before the model is placed on its device or mesh."""
-    if model_cfg is not None:
-        scan, quantize = model_cfg.scan_layers, model_cfg.quantize
+    with ``model_cfg.quantize`` ('int8', 'int4'), the base's linears as integers
+    (`workbench.models.quantize`, layer by layer; `notice` hears what was quantized); then, with
+    ``lora.rank > 0``, the LoRA model (frozen base, seeded adapters: `workbench.train.lora`); then,
+    with ``model_cfg.scan_layers`` on XLA, the decoder stack scanned (`workbench.models.scan`;
+    checked on every backend, a no-op off XLA), whose rematerialisation is the gradient
+    checkpointing. Runs on the host, before the model is placed on its device or mesh."""
+    scan, quantize = model_cfg.scan_layers, model_cfg.quantize
     if train.precision == "bf16":
         model.to(torch.bfloat16)
     no_kv_cache(model)  # a model handed in did not come through build_model
