@@ -11,7 +11,12 @@ and the compile log must be on before the first compile) and reports:
 - the base weights' bytes on the device (the sharding report's bytes of the frozen base);
 - a steady step's wall time (tokens/s over the timed steps) and the final loss.
 
-Ratios are against the bf16 base with the plain loss, run in the same invocation.
+Ratios are against the bf16 base with the plain loss, run in the same invocation. XLA:CPU runs
+with its memory-minimising scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``,
+`MEMORY_SCHEDULER`; ``--default-scheduler`` turns it off): the default one computes every
+weight-only value (each layer's weight converted to the compute dtype) at the start of the program,
+which holds a converted copy of the whole base at once, quantized or not; TPU's scheduler is
+memory-aware.
 
     .venv/bin/python bench/quantize.py [--hidden 1024 --layers 4 --vocab 32768 --batch 2 --seq 256 --steps 6]
 
@@ -35,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 RESULTS = REPO / "bench" / "results" / "quantize.json"
 _MARK = "__VARIANT_RESULT__"
+MEMORY_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 VARIANTS = [(q, chunk) for q in ("none", "int8", "int4") for chunk in (0, "chunked")]
 
 
@@ -113,6 +119,8 @@ def run_variant(args: argparse.Namespace, quantize: str, chunk: int | str) -> di
 def in_fresh_process(args: argparse.Namespace, quantize: str, chunk: int | str) -> dict:
     argv = [sys.executable, __file__, "--variant", f"{quantize}:{chunk}", *args.passthrough]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
+    if not args.default_scheduler:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {MEMORY_SCHEDULER}".strip()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     lines = [line[len(_MARK) :] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
     if proc.returncode or not lines:
@@ -149,6 +157,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--default-scheduler", action="store_true", help="XLA:CPU's default scheduler")
     parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.passthrough = [
@@ -162,9 +171,11 @@ def main() -> None:
     for quantize, chunk in VARIANTS:
         rows.append(in_fresh_process(args, quantize, chunk))
         print(f"  {quantize}/{rows[-1]['loss']} done", flush=True)
+    scheduler = "default" if args.default_scheduler else "memory-minimising"
     print(
         f"\nLoRA r16, bf16, gradient checkpointing; llama hidden {args.hidden} x {args.layers} layers, vocab "
-        f"{args.vocab}, batch {args.batch} x {args.seq}, XLA:CPU (x: against the bf16 base, plain loss)\n"
+        f"{args.vocab}, batch {args.batch} x {args.seq}, XLA:CPU ({scheduler} scheduler; x: against the bf16 "
+        "base, plain loss)\n"
     )
     print(table(rows))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

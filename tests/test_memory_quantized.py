@@ -111,6 +111,24 @@ def test_a_quantized_base_has_no_autocast_copies_and_int4_dequantizes_one_weight
     assert set(BREAKDOWN_KEYS) == set(big.breakdown) == set(BREAKDOWN_MEANINGS)
 
 
+def test_a_chunked_loss_holds_two_dequantized_copies_of_an_int4_head():
+    """The chunks' dequantizations of the head are one expression (XLA merges them) kept from the
+    first chunk to the last, and the backward pass has its own: two copies of the head, not one
+    (measured, tests/xla/memory_quantized.py). A tied head is the embedding: nothing dequantized
+    beyond the largest block weight."""
+    kw = dict(batch_size=2, seq_len=64, precision="bf16", lora_rank=4, quantize="int4")
+    assert estimate(UNTIED, loss_chunk_tokens=0, **kw).breakdown["dequant"] == 2 * VOCAB * H
+    chunked = estimate(UNTIED, loss_chunk_tokens=32, **kw)
+    assert chunked.loss_chunk_positions == 16 and chunked.breakdown["dequant"] == 2 * 2 * VOCAB * H
+    tied = ModelConfig(**{**UNTIED.__dict__, "tie_word_embeddings": True})
+    assert estimate(tied, loss_chunk_tokens=32, **kw).breakdown["dequant"] == 2 * MLP * H
+    assert estimate(UNTIED, loss_chunk_tokens=32, **{**kw, "quantize": "int8"}).breakdown["dequant"] == 0
+    chunked_8b = estimate(
+        LLAMA_31_8B, batch_size=2, seq_len=2048, quantize="int4", loss_chunk_tokens=256, **ISSUE
+    )
+    assert chunked_8b.breakdown["dequant"] == 2 * 2 * 128256 * 4096  # 2.0 GiB in bf16
+
+
 def test_fsdp_gathers_the_quantized_weights_as_integers():
     mesh = {"data": 1, "fsdp": 4, "model": 1}
     kw = dict(batch_size=4, seq_len=32, precision="bf16", lora_rank=4, mesh=mesh)
@@ -227,3 +245,62 @@ def test_an_int4_base_and_a_chunked_loss_fit_4096_tokens_on_a_v5e_1(config, best
     assert max_batch_size(config, quantize="int4", **kw) == best
     assert max_batch_size(config, quantize="int8", **kw) == 1
     assert max_batch_size(config, quantize="int4", attention="flash", **kw) >= 3
+
+
+# ---- against the compiler: the trainer's own step on XLA:CPU ---------------------------------
+
+MIN_SCHEDULER = {"XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=false"}
+"""XLA:CPU's memory-minimising scheduler: the default one holds every layer's converted weight at
+once (tests/xla/quantize_memory.py)."""
+
+
+@pytest.fixture(scope="module")
+def quantized_steps(xla_scenario, tmp_path_factory):
+    """tests/xla/memory_quantized.py: the trainer's LoRA step (int8/int4 base, plain/chunked loss,
+    fp32, AdamW) compiled, not run, on one XLA:CPU device under the memory-minimising scheduler."""
+    log = tmp_path_factory.mktemp("memory-quantized") / "compile.log"
+    env = {"PT_XLA_DEBUG_LEVEL": "1", "PT_XLA_DEBUG_FILE": str(log), **MIN_SCHEDULER}
+    return xla_scenario("memory_quantized", devices=1, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_the_trainer_step_is_compiled_once_and_never_run(quantized_steps):
+    assert set(quantized_steps) == {"int8/plain", "int8/chunked", "int4/plain", "int4/chunked"}
+    for key, r in quantized_steps.items():
+        assert r["programs"] == 1 and r["step_executions"] == 0, key
+        assert (r["chunk_positions"] is not None) == key.endswith("chunked"), key
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_the_compiled_step_reads_the_base_as_integers_and_scales(quantized_steps):
+    from tests.xla.memory_quantized import LENGTH, ROWS, SHAPE
+
+    for key, r in quantized_steps.items():
+        assert r["base_bytes"] == r["base_estimate_bytes"], key  # the estimate's layout, byte for byte
+        # the program's inputs: the frozen base as held, the fp32 adapters and two AdamW moments,
+        # the batch (ids, mask, labels: int64) and a few scalars; the log's figures are exact to ~1 KiB
+        rest = r["arguments"] - r["base_bytes"] - 12 * r["trainable_parameters"] - 3 * 8 * ROWS * LENGTH
+        assert abs(rest) < 4096, (key, rest)
+        per_param = r["quantized_bytes"] / r["quantized_parameters"]
+        if key.startswith("int8"):  # a byte a weight, an fp32 scale per output channel
+            assert 1 < per_param <= 1 + 4 / SHAPE["hidden_size"]
+        else:  # half a byte a weight, an fp32 scale per block of 128 inputs
+            assert per_param == pytest.approx(0.5 + 4 / 128)
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_estimate_within_15_percent_of_the_compiler_on_quantized_and_chunked_steps(quantized_steps):
+    """The issue's bound on the trainer's real step. XLA:CPU's one known extra, an int8 head's fp32
+    copies under a chunked loss (`xla_cpu_int8_head_copies`), is added to the estimate for that row."""
+    from tests.xla.memory_quantized import SHAPE, xla_cpu_int8_head_copies
+
+    for key, r in quantized_steps.items():
+        extra = xla_cpu_int8_head_copies(SHAPE) if key == "int8/chunked" else 0
+        assert abs(r["estimate"] + extra - r["compiler"]) / r["compiler"] <= 0.15, (
+            key,
+            r["compiler"],
+            r["estimate"],
+        )

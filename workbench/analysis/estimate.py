@@ -31,18 +31,33 @@ multiplies by the integers and scales the matmul's output, and materialises noth
 backward's integer-to-compute-dtype convert is taken as fused into the matmul, as XLA does on
 TPU); int4 is unpacked and dequantized one layer's weight at a time, right before its matmul and
 again in the backward pass (``dequant``: the largest quantized weight in the compute precision,
-an untied LM head included).
+an untied LM head included). Under a chunked loss an int4 head is dequantized once for all the
+chunks (XLA merges their identical dequantizations) and once for their backward passes, both
+live through the loss: ``dequant`` is then two copies of the head.
 
 The estimate was checked against the XLA compiler's own memory analysis of the real
 training step on XLA:CPU (``bench/memory.py`` prints both side by side and writes
 ``bench/results/memory.json``; the compiler's figure comes from
-`workbench.analysis.probe.compiled_step_memory`). Two things the compiler does that a formula
-cannot see: under FSDP it keeps the all-gathered weights alive between forward and backward
-(counted here as one full copy, ``gathered_params``), and on XLA:CPU checkpointing saves almost
-nothing: its optimizer pipeline removes the optimization barriers torch_xla's checkpoint
+`workbench.analysis.probe.compiled_step_memory`, and for the trainer's LoRA step with a
+quantized base and a chunked loss from `workbench.analysis.probe.compiled_program_memory`,
+tests/xla/memory_quantized.py). Two things the compiler does that a formula cannot see: under
+FSDP it keeps the all-gathered weights alive between forward and backward (counted here as one
+full copy, ``gathered_params``), and on XLA:CPU, with its default scheduler, checkpointing saves
+almost nothing: its optimizer pipeline removes the optimization barriers torch_xla's checkpoint
 inserts, and the compiled step keeps about as much as an unchecked one (also with CSE switched
 off). The estimate models checkpointing as it is meant to work, so checkpointed rows on XLA:CPU
-miss.
+miss. (With XLA:CPU's memory-minimising scheduler, ``--xla_cpu_enable_concurrency_optimized_
+scheduler=false``, a checkpointed LoRA step does keep less: 211 against 259 MiB in
+tests/xla/memory_quantized.py's int4 shape.)
+
+Three more XLA:CPU differences, measured on the quantized rows: XLA:CPU computes a bf16 program's
+intermediates in fp32 (no bf16 buffer is live at the peak of a bf16 step), so bf16 activations
+and logits are checked in fp32 there; its dot takes no converted operand, so each int8 weight is
+converted to fp32 before its matmul (the estimate's int8 model has none: on TPU the convert
+fuses into the matmul), and an int8 head under a chunked loss is held twice, like int4's, through
+the loss; and the plain loss over a frozen head (LoRA) holds 2 to 3 of the 4 vocabulary-wide
+fp32 tensors counted here per token (the fourth feeds the head's own gradient), so plain-loss
+LoRA rows on XLA:CPU come out high by up to a quarter of the logits term.
 
 The model's shape comes from the family registry (`model_shape`, `workbench.analysis.shape`,
 re-exported here); the largest batch that fits is `workbench.analysis.batch`'s question.
@@ -373,10 +388,24 @@ def estimate(
         # autocast's bf16 copies of the fp32 weights, kept for the backward matmuls (none of the
         # quantized matrices: they reach the matmul as integers)
         breakdown["param_casts"] = math.ceil(plain * nbytes.compute / shard)
+    # positions per loss chunk (None: the whole batch's logits at once)
+    chunk = loss_chunk_length(
+        loss_chunk_tokens,
+        rows=per_device_batch,
+        length=seq_len,
+        vocab=shape.vocab,
+        memory_bytes=memory_bytes,
+        model_parallel=mp,
+    )
     if quantize == "int4" and qmats:
         # blockwise int4 is dequantized to the compute dtype right before its matmul, one layer's
-        # weight at a time (again in the backward pass, never saved between them): the largest one
-        breakdown["dequant"] = math.ceil(max(o * i for _, o, i in qmats) * nbytes.compute / mp)
+        # weight at a time (again in the backward pass, never saved between them): the largest one.
+        # A quantized head under a chunked loss is dequantized once for every chunk (the chunks'
+        # copies are one expression, merged by XLA), once more for the backward pass (another
+        # expression: `QuantizedMatmul`), and both stay live through the loss's backward pass
+        head = sum(o * i for name, o, i in qmats if name == "lm_head.weight")
+        largest = max(max(o * i for _, o, i in qmats), 2 * head if chunk else 0)
+        breakdown["dequant"] = math.ceil(largest * nbytes.compute / mp)
     if grad_accum > 1:
         # the running sum persists while the next micro-batch's gradients are produced
         breakdown["grad_accum_buffer"] = breakdown["grads"]
@@ -395,14 +424,6 @@ def estimate(
     )
     # logits and log-softmax in fp32 plus their gradients (vocab-parallel under a model axis), for
     # the whole batch or, chunked, one chunk of positions of every row
-    chunk = loss_chunk_length(
-        loss_chunk_tokens,
-        rows=per_device_batch,
-        length=seq_len,
-        vocab=shape.vocab,
-        memory_bytes=memory_bytes,
-        model_parallel=mp,
-    )
     breakdown["logits"] = logits_bytes(
         rows=per_device_batch, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp
     )

@@ -10,11 +10,15 @@ from torch_xla's compile log (`compile_log.enable_compile_log`,
 - `compiled_step_memory`: run real training steps (optionally FSDP-sharded) and return the
   largest step program's analysis (`CompiledStepMemory`); ``bench/memory.py`` sets it beside
   `workbench.analysis.estimate.estimate`.
+- `compiled_program_memory`: the analysis of whatever step a caller traces (`trace` returns the
+  tensors the step program produces), compiled only or run. The trainer's own step (LoRA,
+  quantized base, chunked loss: `workbench.train`, a layer above this one) is traced by its
+  callers: tests/xla/memory_quantized.py, ``bench/memory.py``, ``bench/memory_real.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,6 +174,52 @@ def compiled_step_memory(
     if not records:
         raise RuntimeError(
             "no compiled program was logged: was the compile memory log enabled before the first compile?"
+        )
+    biggest = max(records, key=lambda r: r.peak_bytes)
+    return CompiledStepMemory(
+        peak_bytes=biggest.peak_bytes,
+        argument_bytes=biggest.argument_bytes,
+        output_bytes=biggest.output_bytes,
+        alias_bytes=biggest.alias_bytes,
+        temp_bytes=biggest.temp_bytes,
+        programs=len(records),
+    )
+
+
+def compiled_program_memory(
+    trace: Callable[[], Sequence[Any]], *, execute: bool = False
+) -> CompiledStepMemory:
+    """The compiler's analysis of the step `trace` builds: `trace()` records one step's work on the
+    XLA device (forward, backward, optimizer update) and returns the tensors its program must
+    produce (the loss, the updated trainable weights and optimizer state, running sums: what the
+    training loop's sync would materialise). They are compiled without running
+    (``runtime.compile_only``: no device memory beyond the arguments already placed, so shapes
+    too large to run here still compile), or, with `execute`, synced and run.
+
+    Returns the largest program compiled while tracing and compiling (``programs``: how many
+    were); needs the compile memory log on before the first compile. A program already compiled
+    in this process (same graph) compiles nothing and is an error here: trace a fresh shape.
+    A program compiled only donates no buffers (``alias_bytes`` 0), so the updated trainable
+    weights and optimizer state count beside their inputs: a LoRA step's adapters and moments,
+    measured 1% above the executed program's peak on a small LoRA step.
+    """
+    from workbench.backend import compile_log, runtime
+
+    if compile_log.compile_memory_log_path() is None:
+        raise RuntimeError(
+            "compiled_program_memory needs compile_log.enable_compile_log(path) before the first compile"
+        )
+    before = len(compile_log.compiled_memory_records())
+    outputs = list(trace())
+    if execute:
+        runtime.sync()
+        runtime.wait_device_ops()
+    else:
+        runtime.compile_only(outputs)
+    records = compile_log.compiled_memory_records()[before:]
+    if not records:
+        raise RuntimeError(
+            "no program was compiled: this step's graph was compiled earlier in the process (cache hit)"
         )
     biggest = max(records, key=lambda r: r.peak_bytes)
     return CompiledStepMemory(
