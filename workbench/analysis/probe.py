@@ -175,15 +175,7 @@ def compiled_step_memory(
         raise RuntimeError(
             "no compiled program was logged: was the compile memory log enabled before the first compile?"
         )
-    biggest = max(records, key=lambda r: r.peak_bytes)
-    return CompiledStepMemory(
-        peak_bytes=biggest.peak_bytes,
-        argument_bytes=biggest.argument_bytes,
-        output_bytes=biggest.output_bytes,
-        alias_bytes=biggest.alias_bytes,
-        temp_bytes=biggest.temp_bytes,
-        programs=len(records),
-    )
+    return _largest(records)
 
 
 def compiled_program_memory(
@@ -221,6 +213,11 @@ def compiled_program_memory(
         raise RuntimeError(
             "no program was compiled: this step's graph was compiled earlier in the process (cache hit)"
         )
+    return _largest(records)
+
+
+def _largest(records: Sequence[Any]) -> CompiledStepMemory:
+    """The largest of the compiled programs' analyses (the step), with how many there were."""
     biggest = max(records, key=lambda r: r.peak_bytes)
     return CompiledStepMemory(
         peak_bytes=biggest.peak_bytes,
