@@ -39,6 +39,7 @@ from pathlib import Path
 
 from workbench.analysis.estimate import estimate
 from workbench.analysis.probe import compiled_step_memory
+from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -77,9 +78,6 @@ def matrix(quick: bool = False) -> list[dict]:
             {"family": "llama", "batch": 8, "length": 32, "ckpt": False, "fsdp": 8},
         ]
     return rows
-
-
-MIN_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 
 
 def quantized_matrix(quick: bool = False) -> list[dict]:
@@ -256,7 +254,7 @@ def main() -> None:
     quantized = quantized_matrix(args.quick)
     by_scheduler = {
         s: run_group([r for r in quantized if r["scheduler"] == s], devices=1, xla_flags=flags)
-        for s, flags in (("min", MIN_SCHEDULER), ("default", ""))
+        for s, flags in (("min", XLA_CPU_MEMORY_SCHEDULER), ("default", ""))
     }
     default = {_key(r): r for r in by_scheduler["default"]}
     q_table = [

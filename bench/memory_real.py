@@ -37,10 +37,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 RESULTS = REPO / "bench" / "results" / "memory_real.json"
-MIN_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 _MARK = "__MEMORY_REAL__"
 GiB = 1024**3
 
@@ -175,7 +176,7 @@ def in_fresh_process(args: argparse.Namespace, scheduler: str) -> dict:
         dump = (args.dump_dir or str(Path(tmp) / "dump")) if scheduler == "memory-minimising" else ""
         flags = []
         if scheduler == "memory-minimising":
-            flags = [MIN_SCHEDULER, f"--xla_dump_to={dump}", "--xla_dump_hlo_as_text",
+            flags = [XLA_CPU_MEMORY_SCHEDULER, f"--xla_dump_to={dump}", "--xla_dump_hlo_as_text",
                      "--xla_dump_hlo_module_re=SyncTensorsGraph.*"]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
         env.update(

@@ -13,7 +13,7 @@ and the compile log must be on before the first compile) and reports:
 
 Ratios are against the bf16 base with the plain loss, run in the same invocation. XLA:CPU runs
 with its memory-minimising scheduler (``--xla_cpu_enable_concurrency_optimized_scheduler=false``,
-`MEMORY_SCHEDULER`; ``--default-scheduler`` turns it off): the default one computes every
+`runtime.XLA_CPU_MEMORY_SCHEDULER`; ``--default-scheduler`` turns it off): the default one computes every
 weight-only value (each layer's weight converted to the compute dtype) at the start of the program,
 which holds a converted copy of the whole base at once, quantized or not; TPU's scheduler is
 memory-aware.
@@ -32,6 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
+
 os.environ.setdefault("PJRT_DEVICE", "CPU")  # before anything imports torch_xla
 os.environ.setdefault("CPU_NUM_DEVICES", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -40,7 +42,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 RESULTS = REPO / "bench" / "results" / "quantize.json"
 _MARK = "__VARIANT_RESULT__"
-MEMORY_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 VARIANTS = [(q, chunk) for q in ("none", "int8", "int4") for chunk in (0, "chunked")]
 
 
@@ -120,7 +121,7 @@ def in_fresh_process(args: argparse.Namespace, quantize: str, chunk: int | str) 
     argv = [sys.executable, __file__, "--variant", f"{quantize}:{chunk}", *args.passthrough]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
     if not args.default_scheduler:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {MEMORY_SCHEDULER}".strip()
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {XLA_CPU_MEMORY_SCHEDULER}".strip()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     lines = [line[len(_MARK) :] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
     if proc.returncode or not lines:

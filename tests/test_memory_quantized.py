@@ -12,6 +12,7 @@ from workbench.analysis.batch import find_batch_size, max_batch_size
 from workbench.analysis.estimate import BREAKDOWN_KEYS, BREAKDOWN_MEANINGS, estimate
 from workbench.analysis.shape import quantized_matrices
 from workbench.analysis.tables import estimate_table
+from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
 from workbench.backend.targets import TARGETS
 from workbench.config import ModelConfig
 from workbench.models.lm_head import loss_chunk_length
@@ -249,7 +250,7 @@ def test_an_int4_base_and_a_chunked_loss_fit_4096_tokens_on_a_v5e_1(config, best
 
 # ---- against the compiler: the trainer's own step on XLA:CPU ---------------------------------
 
-MIN_SCHEDULER = {"XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=false"}
+MIN_SCHEDULER = {"XLA_FLAGS": XLA_CPU_MEMORY_SCHEDULER}
 """XLA:CPU's memory-minimising scheduler: the default one holds every layer's converted weight at
 once (tests/xla/quantize_memory.py)."""
 

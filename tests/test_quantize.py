@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from tests.test_lora import lora_cfg, lora_data, tiny
 from tests.test_train import VOCAB
+from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
 from workbench.models.quantize import (
     QuantizedLinear,
     dequantize_weight,
@@ -506,7 +507,7 @@ def test_xla_mesh_quantized_lora_shards_integers_and_scales(mesh, mode):
 @pytest.mark.xla
 @pytest.mark.slow
 def test_xla_compiled_step_holds_integers_and_no_full_precision_copy_of_the_base(xla_scenario):
-    flags = {"XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=false"}  # see the scenario
+    flags = {"XLA_FLAGS": XLA_CPU_MEMORY_SCHEDULER}  # see the scenario
     runs = xla_scenario("quantize_memory", devices=1, env=flags)
     none = runs["none"]
     params = runs["int8"]["quantized_params"]

@@ -21,7 +21,7 @@ What the rest of the package may ask of the backend:
   `local_shard_shapes`, `local_shard_indices`
 - measurement: `compile_count`, `compile_time_s`, `transfer_count`, `execute_count`,
   `metrics_snapshot`, `clear_metrics`, `metrics_report`, `memory_info`
-- compiling: `compile_only`, `initialize_compile_cache`, `scan`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
+- compiling: `compile_only`, `XLA_CPU_MEMORY_SCHEDULER`, `initialize_compile_cache`, `scan`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
 - training: `gradient_checkpoint_function`, `rng_state`, `set_rng_state`,
   `spmd_save_planner`, `spmd_load_planner` (sharded checkpoints), `quantized_matmul` (int8 weights)
 - profiler: `profiler` (the module; TPU traces)
@@ -454,6 +454,11 @@ def profiler() -> Any:
 
 
 # ---- compiling ahead and activation checkpointing ----------------------------
+
+XLA_CPU_MEMORY_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+"""An ``XLA_FLAGS`` entry: XLA:CPU's memory-minimising scheduler. Its default one computes every
+weight-only value (each layer's weight converted to the compute dtype) at the program's start,
+holding them all at once; memory measured on XLA:CPU is read with this one (closer to a TPU's)."""
 
 
 def compile_only(tensors: Sequence[Any]) -> None:
