@@ -159,7 +159,7 @@ class CausalLMObjective(torch.nn.Module):
         if chunked is None:
             logits = model(**model_inputs(batch, model)).logits
             s, y = shift_for_next_token(logits, labels)
-            return {"loss_sum": token_ce_sum(s, y), "tokens": (y != IGNORE_INDEX).sum().to(torch.float32)}
+            return {"loss_sum": token_ce_sum(s, y), "tokens": next_token_count(labels)}
         (head,), positions = chunked
         hidden = head.hidden_states(model_inputs(batch, model)).last_hidden_state
         return {
