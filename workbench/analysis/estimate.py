@@ -106,7 +106,7 @@ BREAKDOWN_MEANINGS: dict[str, str] = {
     "gathered_params": "FSDP's all-gathered full weights, live through the step",
     "param_casts": "autocast's compute-precision copies of fp32 weights",
     "grad_accum_buffer": "the running gradient sum under gradient accumulation",
-    "dequant": "the largest int4 weight, dequantized to the compute precision for its matmul",
+    "dequant": "the largest int4 weight dequantized to the compute precision for its matmul (an int4 head under a chunked loss: two copies)",
 }
 """What each breakdown part holds, for legends and tables."""
 
