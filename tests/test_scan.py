@@ -48,7 +48,8 @@ def ids(rows: int = 2, length: int = 12) -> torch.Tensor:
 @pytest.mark.parametrize("family", SCANNABLE)
 def test_install_keeps_the_module_tree_and_names(family):
     model = build_model(tiny(family, num_layers=3), seed=0)
-    keys = list(model.state_dict())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    keys = list(before)
     modules = [name for name, _ in model.named_modules()]
     layers = list(model.model.layers)
 
@@ -56,8 +57,16 @@ def test_install_keeps_the_module_tree_and_names(family):
 
     assert isinstance(model.model.layers, ScannedLayers) and stack is model.model.layers
     assert scanned_layers(model) is stack and stack.remat
-    assert list(model.state_dict()) == keys
-    assert [name for name, _ in model.named_modules()] == modules
+    assert list(model.state_dict()) == keys  # per-layer names, in the unscanned order
+    assert torch.equal(
+        model.state_dict()["model.layers.2.mlp.down_proj.weight"],
+        before["model.layers.2.mlp.down_proj.weight"],
+    )
+    # the layers' weights live stacked, [layers, ...], beside the layer modules
+    assert [name for name, _ in model.named_modules() if ".stacked" not in name] == modules
+    up = model.get_parameter("model.layers.stacked.mlp.down_proj.weight")
+    assert up.shape == (3, *before["model.layers.0.mlp.down_proj.weight"].shape)
+    assert not any(True for _ in stack[0].parameters())
     assert list(stack) == layers and stack[1] is layers[1] and len(stack) == 3
     assert list(stack[:2]) == layers[:2]  # a partial slice is a plain list of layers
     copied = copy.deepcopy(model)
@@ -65,6 +74,9 @@ def test_install_keeps_the_module_tree_and_names(family):
     assert list(copied.state_dict()) == keys
     uninstall_scan(model)
     assert type(model.model.layers) is torch.nn.ModuleList and scanned_layers(model) is None
+    after = model.state_dict()
+    assert list(after) == keys and all(torch.equal(after[k], before[k]) for k in keys)
+    assert [name for name, _ in model.named_modules()] == modules
 
 
 def test_forward_off_xla_runs_the_layers_unrolled():
@@ -146,7 +158,8 @@ def test_prepare_model_on_xla_scans_after_lora_and_replaces_hf_checkpointing():
     stack = scanned_layers(model)
     assert stack is not None and stack.remat
     assert not any(getattr(layer, "gradient_checkpointing", False) for layer in stack)
-    assert any("lora_A" in name for name, _ in stack[0].named_parameters())
+    assert any("lora_A" in name for name, _ in stack.stack.named_parameters())
+    assert any(".0.self_attn.q_proj.lora_A." in key for key in model.state_dict())
 
 
 # ---- XLA:CPU ----------------------------------------------------------------------------------

@@ -58,8 +58,8 @@ class ModelConfig:
     """Longest sequence the position embedding supports."""
     tie_word_embeddings: bool = True
     """Share the input embedding and the output projection."""
-    scan_layers: bool = False
-    """On XLA, compile the decoder stack as one scanned layer (compile time stops growing with depth; layers must be identical)."""
+    scan_layers: bool | Literal["auto"] = "auto"
+    """On XLA, compile the decoder stack as one scanned layer over stacked weights (compile time flat in depth): 'auto' scans when the family allows it and the stack is deep enough to pay off (one notice says which and why); true insists (an error when the layers cannot be scanned); false keeps it unrolled."""
     quantize: Literal["none", "int8", "int4"] = "none"
     """Frozen base weights as integers under LoRA: 'int8' (per output channel) or 'int4' (blockwise, two per byte); 'none' keeps them in the training precision."""
 

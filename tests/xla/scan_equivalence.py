@@ -11,6 +11,7 @@ how often the layer was traced in Python after the first step (never: the trace 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from workbench.config import WorkbenchConfig
 from workbench.models import scan as scan_module
 from workbench.models.build import build_model
 from workbench.models.inputs import model_inputs
+from workbench.models.layer_stack import per_layer_parameters
 from workbench.models.scan import scanned_layers
 from workbench.train.trainer import prepare_model
 
@@ -45,6 +47,16 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return base.get_decoder().layers
 
 
+def layer_trainables(model: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
+    """Each decoder layer's trainable tensors (host copies) under their per-layer names, stacked or not."""
+    per_layer: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor, trainable in per_layer_parameters(model):
+        index = re.search(r"layers\.(\d+)\.", name)
+        if trainable and index:
+            per_layer.setdefault(int(index.group(1)), {})[name] = tensor.cpu().clone()
+    return [per_layer[i] for i in sorted(per_layer)]
+
+
 def train(family: str, layers: int, steps: int, *, scan: bool, remat: bool, lora: bool) -> dict[str, Any]:
     overrides = {"model.scan_layers": scan, "train.gradient_checkpointing": remat, "train.seed": 0}
     if lora:
@@ -58,10 +70,7 @@ def train(family: str, layers: int, steps: int, *, scan: bool, remat: bool, lora
         model.tie_weights()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-2, foreach=False)
-    before = [
-        {n: p.detach().cpu().clone() for n, p in layer.named_parameters() if p.requires_grad}
-        for layer in decoder_layers(model)
-    ]
+    before = layer_trainables(model)
     ids = torch.randint(3, 500, (BATCH, LENGTH), generator=torch.Generator().manual_seed(1)).to(dev)
     compiles = runtime.compile_count()
     losses = []
@@ -78,10 +87,10 @@ def train(family: str, layers: int, steps: int, *, scan: bool, remat: bool, lora
         runtime.sync()
     compiles = runtime.compile_count() - compiles
     retraces = LAYER_TRACES[0] - traces_after_first_step
-    moved = []
-    for layer, start in zip(decoder_layers(model), before):
-        now = dict(layer.named_parameters())
-        moved.append(all(not torch.equal(now[n].detach().cpu(), start[n]) for n in start))
+    moved = [
+        all(not torch.equal(now[n], start[n]) for n in start)
+        for now, start in zip(layer_trainables(model), before)
+    ]
     stack = scanned_layers(model)
     return {
         "losses": [float(v) for v in runtime.to_cpu(losses)],

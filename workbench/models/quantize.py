@@ -355,16 +355,23 @@ def quantized_layers(model: nn.Module) -> dict[str, QuantizedLinear]:
 
 def logical_parameter_count(model: nn.Module) -> int:
     """Parameters as the unquantized model has them: a quantized weight counts ``out x in`` (not its
-    packed bytes), its scales not at all; tied weights once."""
+    packed bytes), its scales not at all; tied weights once. A stacked layer weight
+    (``model.scan_layers``) counts every layer's."""
+    from workbench.models.layer_stack import stacked_parameter_names
+
     layers = quantized_layers(model)
-    owned = {id(m.weight): m for m in layers.values()}
-    scales = {id(m.weight_scale) for m in layers.values()}
+    stacked = stacked_parameter_names(model)
     seen: set[int] = set()
     total = 0
-    for p in model.parameters():
-        if id(p) in seen or id(p) in scales:
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
             continue
         seen.add(id(p))
-        layer = owned.get(id(p))
-        total += layer.in_features * layer.out_features if layer is not None else p.numel()
+        template, count = stacked.get(name, (name, 1))
+        owner, _, leaf = template.format(index=0).rpartition(".")
+        layer = layers.get(owner)
+        if layer is None:
+            total += p.numel()
+        elif leaf == "weight":
+            total += layer.in_features * layer.out_features * count
     return total

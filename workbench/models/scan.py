@@ -56,12 +56,24 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError
+from workbench.models.layer_stack import (
+    STACK,
+    LayerStack,
+    layer_stack,
+    register_per_layer_names,
+    remove_per_layer_names,
+    stack_layers,
+    unstack_layers,
+)
 
 LOOP_SOURCE = "self.layers[: self.config.num_hidden_layers]"
 """The slice the decoder families' forward loops over; `ScannedLayers` answers it with one scanned call."""
 _LAYER_INDEX_ATTRIBUTES = frozenset({"layer_idx", "layer_index"})
 """Per-layer attributes that only index a KV cache: training (no cache) never reads them."""
 _STATIC_TYPES = (type(None), bool, int, float, str)
+AUTO_SCAN_MIN_LAYERS = 8
+"""``model.scan_layers=auto`` scans stacks at least this deep (bench/compile.py: from here a scanned
+step compiles faster than an unrolled one and runs as fast)."""
 """Keyword values baked into the traced layer; any other non-tensor object means no scan."""
 
 
@@ -75,9 +87,12 @@ class ScanLayersError(ConfigError):
 def install_scan(model: nn.Module, *, remat: bool = False) -> ScannedLayers:
     """Make `model`'s decoder stack run as one scanned layer on XLA; returns its `ScannedLayers`.
 
-    `model` is a `transformers` causal LM or a peft model around one. ``remat`` recomputes each
-    layer's activations in the backward pass (the scanned gradient checkpointing). Installing
-    twice updates ``remat``. Raises `ScanLayersError` when the stack cannot be scanned.
+    `model` is a `transformers` causal LM or a peft model around one (LoRA applied first: the
+    adapters are stacked with the base). The layers' parameters move into one stacked parameter
+    per weight (`workbench.models.layer_stack`; build the optimizer afterwards). ``remat``
+    recomputes each layer's activations in the backward pass (the scanned gradient
+    checkpointing). Installing twice updates ``remat``. Raises `ScanLayersError` when the stack
+    cannot be scanned.
     """
     layers = check_scannable(model)
     if not isinstance(layers, ScannedLayers):
@@ -85,6 +100,9 @@ def install_scan(model: nn.Module, *, remat: bool = False) -> ScannedLayers:
     assert isinstance(layers, ScannedLayers)
     layers.__dict__["_scan_remat"] = bool(remat)
     layers.__dict__["_scan_traces"] = {}
+    if layer_stack(layers) is None:
+        stack_layers(layers)
+    register_per_layer_names(layers)
     return layers
 
 
@@ -97,6 +115,8 @@ def check_scannable(model: nn.Module) -> nn.ModuleList:
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList) or not isinstance(layers, nn.Module) or len(layers) == 0:
         raise _error(family, f"{type(decoder).__name__} has no decoder ModuleList at `.layers`")
+    if layer_stack(layers) is not None:  # already stacked: the layers were checked then
+        return layers
     if LOOP_SOURCE not in _forward_source(type(decoder)):
         raise _error(
             family,
@@ -111,6 +131,8 @@ def uninstall_scan(model: nn.Module) -> None:
     """Undo `install_scan`: the decoder stack runs unrolled again (no-op when not installed)."""
     layers = getattr(_decoder(model), "layers", None)
     if isinstance(layers, ScannedLayers):
+        unstack_layers(layers)
+        remove_per_layer_names(layers)
         layers.__class__ = nn.ModuleList
         for key in ("_scan_remat", "_scan_traces"):
             layers.__dict__.pop(key, None)
@@ -123,10 +145,46 @@ def scanned_layers(model: nn.Module) -> ScannedLayers | None:
 
 
 def scan_notices(model_cfg: Any, *, xla: bool) -> list[str]:
-    """What a run says about ``model.scan_layers`` on its backend: off XLA it is a no-op."""
-    if getattr(model_cfg, "scan_layers", False) and not xla:
+    """What a run says about ``model.scan_layers=true`` on its backend: off XLA it is a no-op
+    (``auto`` says its choice through `choose_scan`)."""
+    if getattr(model_cfg, "scan_layers", False) is True and not xla:
         return ["model.scan_layers=true is a no-op off XLA: the layers run unrolled (same math)"]
     return []
+
+
+def choose_scan(model: nn.Module, setting: bool | str, *, xla: bool) -> tuple[bool, str | None]:
+    """Whether to scan `model`'s decoder stack for ``model.scan_layers=setting`` and, for 'auto',
+    the one notice saying which and why. ``True`` checks the stack on every backend (raising
+    `ScanLayersError`, so a config that fails on a TPU fails on a laptop too) and scans on XLA.
+
+    The 'auto' rule: on XLA, scan a stack the family allows with at least `AUTO_SCAN_MIN_LAYERS`
+    layers. Scanned over stacked weights a whole training step compiles in about flat time in
+    depth and steps as fast as unrolled (bench/compile.py); below that depth the unrolled step's
+    compile is short anyway.
+    """
+    if setting is not True and setting != "auto":
+        return False, None
+    if setting is True:
+        check_scannable(model)
+        return xla, None
+    prefix = "model.scan_layers=auto:"
+    if not xla:
+        return False, f"{prefix} unrolled (off XLA the layers always run unrolled; nothing to compile)"
+    try:
+        layers = check_scannable(model)
+    except ScanLayersError as err:
+        return False, f"{prefix} unrolled, {str(err).partition(': ')[2].rpartition('. Set')[0]}"
+    depth = len(layers)
+    if depth < AUTO_SCAN_MIN_LAYERS:
+        return False, (
+            f"{prefix} unrolled: {depth} layers < {AUTO_SCAN_MIN_LAYERS}, where an unrolled step compiles "
+            "quickly (set model.scan_layers=true to scan anyway)"
+        )
+    return True, (
+        f"{prefix} scanned: {depth} identical {_family(model)} layers compile as one, over stacked weights "
+        f"(>= {AUTO_SCAN_MIN_LAYERS} layers: compile time flat in depth, same step time; "
+        "model.scan_layers=false unrolls)"
+    )
 
 
 def check_identical_layers(layers: list[nn.Module], family: str) -> None:
@@ -219,8 +277,25 @@ class ScannedLayers(nn.ModuleList):
             start, stop, step = index.indices(len(self))
             if (start, stop, step) == (0, len(self), 1):
                 return [_ScanRun(self)]
-            return nn.ModuleList(list(self._modules.values())[index])
+            return nn.ModuleList(self.layer_modules()[index])
         return super().__getitem__(index)
+
+    def __len__(self) -> int:
+        return len(self._modules) - (STACK in self._modules)
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self.layer_modules())
+
+    def layer_modules(self) -> list[nn.Module]:
+        """The decoder layers (without the `LayerStack` that holds their weights)."""
+        return [module for key, module in self._modules.items() if key != STACK]
+
+    @property
+    def stack(self) -> LayerStack:
+        """The layers' stacked parameters."""
+        stack = layer_stack(self)
+        assert stack is not None, "install_scan stacks the layers"
+        return stack
 
     @property
     def remat(self) -> bool:
@@ -264,8 +339,11 @@ class _ScanRun:
 
     def __call__(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args or not _scannable(hidden_states, kwargs):
-            for layer in self.layers._modules.values():
-                hidden_states = layer(hidden_states, *args, **kwargs)
+            stack = self.layers.stack
+            for index, layer in enumerate(self.layers.layer_modules()):
+                weights = stack.layer_weights(index)
+                out = torch.func.functional_call(layer, weights, (hidden_states, *args), kwargs, strict=False)
+                hidden_states = out[0] if isinstance(out, tuple) else out
             return hidden_states
         return _run_scanned(self.layers, hidden_states, kwargs)
 
@@ -308,18 +386,19 @@ def _run_scanned(layers: ScannedLayers, hidden_states: torch.Tensor, kwargs: dic
         )
         carried.extend(t if t.is_floating_point() else t.to(torch.float32) for t in tensors)
 
-    modules = list(layers._modules.values())
+    modules = layers.layer_modules()
+    stacked = {f"layer.{name}": param for name, param in layers.stack.stacked().items()}
     # grad mode and which weights train decide the traced backward (torch_xla keys only on shapes)
-    trainable = tuple(p.requires_grad for p in modules[0].parameters())
+    trainable = tuple(p.requires_grad for p in stacked.values())
     key = (tuple(layout), static, layers.remat, _python_state(modules[0]), torch.is_grad_enabled(), trainable)
     template = _LayerForward(modules[0])
     step = layers.traced_layer(key, lambda: _layer_step(template, tuple(layout), dict(static)))
 
-    weights = [_LayerForward(m) for m in modules]
-    params = _stack([dict(w.named_parameters()) for w in weights])
-    buffers = _stack([dict(w.named_buffers()) for w in weights])
+    buffers = (
+        _stack([dict(_LayerForward(m).named_buffers()) for m in modules]) if _has_buffers(modules[0]) else {}
+    )
     carry = (hidden_states, *carried)
-    final, _ = runtime.scan(step, carry, (params, buffers), remat=layers.remat, pure=True)
+    final, _ = runtime.scan(step, carry, (stacked, buffers), remat=layers.remat, pure=True)
     return final[0]
 
 
@@ -339,11 +418,15 @@ def _layer_step(
             kwargs[name] = tuple(tensors) if count >= 0 else tensors[0]
         params, buffers = weights
         out = torch.func.functional_call(
-            template, {**params, **buffers}, (hidden_states,), kwargs, strict=True
+            template, {**params, **buffers}, (hidden_states,), kwargs, strict=False
         )
         return (out, *carried), None
 
     return step
+
+
+def _has_buffers(layer: nn.Module) -> bool:
+    return any(True for _ in layer.buffers())
 
 
 def _stack(per_layer: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -364,12 +447,14 @@ def _python_state(layer: nn.Module) -> tuple[Any, ...]:
 
 
 __all__ = [
+    "AUTO_SCAN_MIN_LAYERS",
     "LOOP_SOURCE",
     "ScanLayersError",
     "ScannedLayers",
     "check_identical_layers",
     "check_scannable",
     "check_uniform_layer_types",
+    "choose_scan",
     "install_scan",
     "scan_notices",
     "scanned_layers",

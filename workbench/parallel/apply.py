@@ -11,10 +11,12 @@ Every torch_xla call goes through `workbench.backend.runtime`. Importing this mo
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from workbench.backend import runtime
+from workbench.models.layer_stack import LAYER_WILDCARD, stacked_parameter_names
 from workbench.parallel.mesh import BATCH_AXES, MeshSpec, axis_sizes_of, check_batch_size, device_grid
 from workbench.parallel.plan import ShardingReport, plan_sharding
 from workbench.parallel.rules import AxisEntry, PartitionSpec, rules_for
@@ -62,14 +64,20 @@ def shard_model(
     sizes = axis_sizes_of(mesh)
     move_model(model)
     params = unique_parameters(model)
+    stacked = stacked_parameter_names(model)
+    # a stacked layer weight is planned as layer 0's weight, then given its unsharded layer axis
+    layer_zero = {name: stacked[name][0].format(index=0) for name, _ in params if name in stacked}
     report = plan_sharding(
-        ((name, tuple(p.shape), p.dtype) for name, p in params),
+        ((layer_zero.get(name, name), tuple(p.shape)[name in stacked :], p.dtype) for name, p in params),
         sizes,
         rules_for(model) if rules is None else rules,
         device_ids=device_grid(mesh, sizes),
         transposed=transposed_weights(model),
     )
-    by_name = dict(params)
+    report = with_layer_axis(report, {zero: stacked[name] for name, zero in layer_zero.items()})
+    by_name = {
+        stacked[name][0].format(index=LAYER_WILDCARD) if name in stacked else name: p for name, p in params
+    }
     for entry in report.entries:
         if entry.shape:
             param = by_name[entry.name]
@@ -77,6 +85,26 @@ def shard_model(
             if shard_grads and param.requires_grad:
                 param.register_post_accumulate_grad_hook(_grad_sharder(mesh, entry.spec))
     return report
+
+
+def with_layer_axis(report: ShardingReport, stacked: Mapping[str, tuple[str, int]]) -> ShardingReport:
+    """`report` with each stacked weight's entry (planned under its layer-0 name) shown as the
+    stacked tensor: named ``layers.*.<name>``, shape ``[layers, ...]``, the layer axis unsharded."""
+    if not stacked:
+        return report
+    entries = []
+    for entry in report.entries:
+        if entry.name in stacked:
+            template, layers = stacked[entry.name]
+            entry = dataclasses.replace(
+                entry,
+                name=template.format(index=LAYER_WILDCARD),
+                shape=(layers, *entry.shape),
+                spec=(None, *entry.spec),
+                local_shape=(layers, *entry.local_shape),
+            )
+        entries.append(entry)
+    return dataclasses.replace(report, entries=entries)
 
 
 def transposed_weights(model: Any) -> set[str]:

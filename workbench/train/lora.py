@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from workbench.models.layer_stack import layer_weights_attached, per_layer_parameters
 from workbench.models.quantize import QuantizedLinear, logical_parameter_count, quantized_layers
 from workbench.train.state_io import host_tensors
 
@@ -259,9 +260,10 @@ def _lora_on_quantized() -> type:
     return QuantizedLoraLinear
 
 
-def trainable_parameters(model: Any) -> dict[str, torch.nn.Parameter]:
-    """Name -> parameter for every parameter that trains (the adapters of a LoRA model)."""
-    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+def trainable_parameters(model: Any) -> dict[str, torch.Tensor]:
+    """Name -> tensor (detached) for every parameter that trains (the adapters of a LoRA model), under
+    per-layer names: a stacked layer weight (``model.scan_layers``) gives each layer's slice."""
+    return {name: tensor for name, tensor, trainable in per_layer_parameters(model) if trainable}
 
 
 def parameter_counts(model: Any) -> tuple[int, int]:
@@ -314,7 +316,7 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
     if quantized_layers(base):
         return dequantized_state_dict(model)
     merged: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
+    with torch.no_grad(), layer_weights_attached(base):
         for name, module in base.named_modules():
             if isinstance(module, LoraLayer) and ADAPTER_NAME in module.scaling:
                 weight = module.get_base_layer().weight
@@ -373,7 +375,7 @@ def save_model(model: Any, path: str | Path, *, merged: bool = False, tokenizer:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     if is_lora(model) and not merged:
-        adapters = host_tensors({k: p.detach() for k, p in trainable_parameters(model).items()})
+        adapters = host_tensors(trainable_parameters(model))
         model.save_pretrained(str(path), state_dict=adapters, save_embedding_layers=False)
         (path / BASE_MODEL_FILE).write_text(json.dumps(base_model_identity(model), indent=1))
     elif quantized_layers(base_of(model)):

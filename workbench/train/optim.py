@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from workbench.config import TrainConfig
+from workbench.models.layer_stack import stacked_parameter_names
 
 _NO_DECAY_MARKERS = ("bias", "norm", "ln_", "layernorm", "embed_positions")
 
@@ -31,15 +32,18 @@ _NO_DECAY_MARKERS = ("bias", "norm", "ln_", "layernorm", "embed_positions")
 def parameter_groups(
     model: torch.nn.Module, weight_decay: float, extra: Iterable[torch.nn.Parameter] = ()
 ) -> list[dict]:
-    """Two groups: matrices with weight decay, biases/norm weights without (tied weights once)."""
+    """Two groups: matrices with weight decay, biases/norm weights without (tied weights once).
+    A stacked layer weight (``model.scan_layers``) is judged by one layer's shape."""
     decay, no_decay, seen = [], [], set()
     named = list(model.named_parameters()) + [(f"extra.{i}", p) for i, p in enumerate(extra)]
+    stacked = stacked_parameter_names(model)
     for name, param in named:
         if not param.requires_grad or id(param) in seen:
             continue
         seen.add(id(param))
         lowered = name.lower()
-        if param.ndim < 2 or any(marker in lowered for marker in _NO_DECAY_MARKERS):
+        layer_ndim = param.ndim - (name in stacked)
+        if layer_ndim < 2 or any(marker in lowered for marker in _NO_DECAY_MARKERS):
             no_decay.append(param)
         else:
             decay.append(param)
@@ -61,7 +65,9 @@ def build_optimizer(
         # fused/capturable would put the step counter on the device for no gain here.
         return torch.optim.AdamW(groups, lr=train.learning_rate, betas=(0.9, 0.95), eps=1e-8, foreach=False)
     if train.optimizer == "adafactor":
-        return Adafactor(groups, lr=train.learning_rate)
+        stacked = stacked_parameter_names(model)
+        layer_stacked = [p for name, p in model.named_parameters() if name in stacked]
+        return Adafactor(groups, lr=train.learning_rate, layer_stacked=layer_stacked)
     if train.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=train.learning_rate, momentum=0.9, foreach=False)
     raise ValueError(
@@ -112,11 +118,17 @@ class Adafactor(torch.optim.Optimizer):
         clip_threshold: float = 1.0,
         decay_rate: float = -0.8,
         weight_decay: float = 0.0,
+        layer_stacked: Iterable[torch.Tensor] = (),
     ) -> None:
         defaults = dict(
             lr=lr, eps=eps, clip_threshold=clip_threshold, decay_rate=decay_rate, weight_decay=weight_decay
         )
         super().__init__(params, defaults)
+        self._layer_stacked = {id(p) for p in layer_stacked}
+
+    def _lead(self, p: torch.Tensor) -> int:
+        """1 for a stacked layer weight (its leading axis counts layers, each factored and clipped on its own), else 0."""
+        return int(id(p) in self._layer_stacked)
 
     def init_state(self, p: torch.Tensor) -> None:
         state = self.state[p]
@@ -124,7 +136,7 @@ class Adafactor(torch.optim.Optimizer):
             return
         dtype = torch.float32
         state["step"] = torch.tensor(0.0)  # on the host, like AdamW's: the schedule below is plain Python
-        if p.dim() >= 2:
+        if p.dim() - self._lead(p) >= 2:
             state["exp_avg_sq_row"] = torch.zeros(p.shape[:-1], dtype=dtype, device=p.device)
             state["exp_avg_sq_col"] = torch.zeros(p.shape[:-2] + p.shape[-1:], dtype=dtype, device=p.device)
         else:
@@ -154,7 +166,8 @@ class Adafactor(torch.optim.Optimizer):
                     )
                 beta2t = decay_tensors[key]
                 update = grad * grad + group["eps"][0]
-                if p.dim() >= 2:
+                lead = self._lead(p)
+                if p.dim() - lead >= 2:
                     row, col = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
                     row.mul_(beta2t).add_(update.mean(dim=-1) * (1.0 - beta2t))
                     col.mul_(beta2t).add_(update.mean(dim=-2) * (1.0 - beta2t))
@@ -165,7 +178,10 @@ class Adafactor(torch.optim.Optimizer):
                     sq = state["exp_avg_sq"]
                     sq.mul_(beta2t).add_(update * (1.0 - beta2t))
                     update = sq.rsqrt() * grad
-                rms = update.norm(2) / (update.numel() ** 0.5)
+                if lead:  # each layer's own RMS
+                    rms = update.square().mean(dim=tuple(range(1, update.dim())), keepdim=True).sqrt()
+                else:
+                    rms = update.norm(2) / (update.numel() ** 0.5)
                 update = update / (rms / group["clip_threshold"]).clamp(min=1.0)
                 target = p.float() if p.dtype in (torch.float16, torch.bfloat16) else p
                 if group["weight_decay"]:

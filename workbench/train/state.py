@@ -16,6 +16,12 @@ from typing import Any
 
 import torch
 
+from workbench.models.layer_stack import (
+    collapse_optimizer_state,
+    expand_optimizer_state,
+    model_stacks,
+    per_layer_parameters,
+)
 from workbench.train.checkpoint import CheckpointManager
 from workbench.train.optim import load_optimizer_state
 from workbench.train.state_io import capture_rng, restore_rng
@@ -72,11 +78,13 @@ class LoopState:
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model tensors a checkpoint holds: the whole state dict, or, when some parameters are frozen
-    (a LoRA model's base), only the trainable parameters (detached: they share the live storage)."""
-    params = list(model.named_parameters())
-    if all(p.requires_grad for _, p in params):
+    (a LoRA model's base), only the trainable parameters (detached: they share the live storage).
+    Under per-layer names either way: a stacked layer weight (``model.scan_layers``) gives one
+    tensor per layer, so scanned and unscanned runs write the same checkpoint."""
+    params = list(per_layer_parameters(model))
+    if all(trainable for _, _, trainable in params):
         return model.state_dict()
-    return {name: p.detach() for name, p in params if p.requires_grad}
+    return {name: tensor for name, tensor, trainable in params if trainable}
 
 
 def load_model_state(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
@@ -92,6 +100,9 @@ def load_model_state(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> 
         )
     if all(p.requires_grad for p in model.parameters()):
         model.load_state_dict(saved)
+        return
+    if model_stacks(model):  # per-layer tensors are stacked into their live stacked weight
+        model.load_state_dict(saved, strict=False)
         return
     with torch.no_grad():
         for name, value in saved.items():
@@ -119,7 +130,7 @@ class TrainingState:
         """The nested dict `CheckpointManager.save` writes (with the run's config beside it)."""
         state: dict[str, Any] = {
             "model": model_state(self.model),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": expand_optimizer_state(self.optimizer, self.model),
             "scheduler": self.scheduler.state_dict(),
             "loop": self.loop.state_dict(),
             "rng": capture_rng(self.xla),
@@ -131,16 +142,22 @@ class TrainingState:
 
     def load(self, checkpoints: CheckpointManager, path: Path) -> None:
         """Restore from `path`; the optimizer state must already exist (sharded loads need destinations)."""
-        into = {"model": model_state(self.model), "optimizer": self.optimizer.state_dict()}
+        into = {
+            "model": model_state(self.model),
+            "optimizer": expand_optimizer_state(self.optimizer, self.model),
+        }
         if self._has_objective_state():
             into["objective"] = self.objective.state_dict()
         state = checkpoints.load(path, into=into)
         with torch.no_grad():
-            if state["model"] is not into["model"]:
+            # a stacked model's checkpoint tensors are per-layer slices: always copied back in
+            if state["model"] is not into["model"] or model_stacks(self.model):
                 load_model_state(self.model, state["model"])
             if "objective" in state:
                 self.objective.load_state_dict(state["objective"])
-        load_optimizer_state(self.optimizer, state["optimizer"])
+        load_optimizer_state(
+            self.optimizer, collapse_optimizer_state(self.optimizer, self.model, state["optimizer"])
+        )
         self.scheduler.load_state_dict(state["scheduler"])
         for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr

@@ -39,7 +39,7 @@ from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
 from workbench.models.build import build_model, enable_gradient_checkpointing, no_kv_cache
-from workbench.models.scan import check_scannable, install_scan, scan_notices
+from workbench.models.scan import choose_scan, install_scan, scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
 from workbench.train import warmup
@@ -430,10 +430,11 @@ def prepare_model(
     with ``model_cfg.quantize`` ('int8', 'int4'), the base's linears as integers
     (`workbench.models.quantize`, layer by layer; `notice` hears what was quantized); then, with
     ``lora.rank > 0``, the LoRA model (frozen base, seeded adapters: `workbench.train.lora`); then,
-    with ``model_cfg.scan_layers`` on XLA, the decoder stack scanned (`workbench.models.scan`;
-    checked on every backend, a no-op off XLA), whose rematerialisation is the gradient
+    with ``model_cfg.scan_layers`` on XLA (true, or 'auto' where it pays off: `choose_scan`, whose
+    notice `notice` hears), the decoder stack scanned over stacked weights (`workbench.models.scan`;
+    true is checked on every backend, a no-op off XLA), whose rematerialisation is the gradient
     checkpointing. Runs on the host, before the model is placed on its device or mesh."""
-    scan, quantize = model_cfg.scan_layers, model_cfg.quantize
+    quantize = model_cfg.quantize
     if train.precision == "bf16":
         model.to(torch.bfloat16)
     no_kv_cache(model)  # a model handed in did not come through build_model
@@ -443,13 +444,14 @@ def prepare_model(
         summary = quantize_model(model, quantize)
         if notice is not None:
             notice(summary.notice())
-    if scan:
-        check_scannable(model)
-    if train.gradient_checkpointing and not (scan and xla):
+    scan, why = choose_scan(model, model_cfg.scan_layers, xla=xla)
+    if why is not None and notice is not None:
+        notice(why)
+    if train.gradient_checkpointing and not scan:
         enable_gradient_checkpointing(model, xla=xla)
     if lora is not None and lora.rank > 0:
         model = apply_lora(model, lora, seed=train.seed)
-    if scan and xla:  # after LoRA: the scanned layers hold the adapters
+    if scan:  # after LoRA: the scanned layers hold the adapters
         install_scan(model, remat=train.gradient_checkpointing)
     return model
 
