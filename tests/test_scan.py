@@ -25,8 +25,10 @@ from tests.tiny import tiny
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.models.build import build_model
 from workbench.models.scan import (
+    AUTO_SCAN_MIN_LAYERS,
     ScanLayersError,
     ScannedLayers,
+    choose_scan,
     install_scan,
     scan_notices,
     scanned_layers,
@@ -201,7 +203,16 @@ def test_trainer_scans_on_a_mesh(xla_scenario, variant):
     assert scanned["losses"] == pytest.approx(unrolled["losses"], abs=LOSS_TOLERANCE)
     assert scanned["after"] == unrolled["after"] == 0
     assert scanned["names"] == unrolled["names"]
-    assert scanned["q_proj_sharding"] == unrolled["q_proj_sharding"] != ""
+    # the stacked weight shards like its per-layer weight, the layer axis unsharded
+    name, shape, spec = scanned["q_proj_report"]
+    assert name.endswith(
+        "layers.*.self_attn.q_proj.base_layer.weight"
+        if "lora" in variant
+        else "layers.*.self_attn.q_proj.weight"
+    )
+    assert shape == [4, *unrolled["q_proj_report"][1]] == scanned["q_proj_shape"]
+    assert spec == [None, *unrolled["q_proj_report"][2]]
+    assert scanned["q_proj_sharding"] != "" and unrolled["q_proj_sharding"] != ""
     if "checkpointing" in variant:
         assert scanned["remat"]
 
@@ -221,3 +232,49 @@ def test_scan_remat_keeps_only_each_layers_input(xla_scenario):
     # activations, scanned or unrolled, and fewer than transformers' per-layer checkpointing
     assert temp["scanned, remat"] < 0.5 * temp["scanned"]
     assert temp["scanned, remat"] < 0.5 * temp["unrolled, checkpointing"]
+
+
+# ---- model.scan_layers=auto ---------------------------------------------------------------------
+
+
+def test_auto_is_the_default_and_scans_deep_identical_stacks_on_xla_only():
+    assert WorkbenchConfig().model.scan_layers == "auto"
+    deep = build_model(tiny("llama", num_layers=AUTO_SCAN_MIN_LAYERS), seed=0)
+    scan, notice = choose_scan(deep, "auto", xla=True)
+    assert scan and notice.startswith("model.scan_layers=auto: scanned")
+    assert f"{AUTO_SCAN_MIN_LAYERS} identical llama layers" in notice
+    scan, notice = choose_scan(deep, "auto", xla=False)
+    assert not scan and "off XLA" in notice
+    shallow = build_model(tiny("llama", num_layers=2), seed=0)
+    scan, notice = choose_scan(shallow, "auto", xla=True)
+    assert not scan and f"2 layers < {AUTO_SCAN_MIN_LAYERS}" in notice and "model.scan_layers=true" in notice
+    assert choose_scan(deep, False, xla=True) == (False, None)
+    assert choose_scan(deep, True, xla=True) == (True, None)
+
+
+def test_auto_leaves_a_stack_it_cannot_scan_unrolled_and_says_why():
+    gpt2 = build_model(tiny("gpt2", num_layers=AUTO_SCAN_MIN_LAYERS), seed=0)
+    scan, notice = choose_scan(gpt2, "auto", xla=True)
+    assert not scan and "unrolled" in notice and "no decoder ModuleList" in notice
+    mixed = build_model(tiny("gemma2", num_layers=AUTO_SCAN_MIN_LAYERS), seed=0)
+    scan, notice = choose_scan(mixed, "auto", xla=True)
+    assert not scan and "sliding_attention" in notice
+    with pytest.raises(ScanLayersError):  # true insists
+        choose_scan(gpt2, True, xla=False)
+
+
+def test_prepare_model_with_auto_says_its_choice_once():
+    cfg = WorkbenchConfig().with_overrides({"model.scan_layers": "auto"})
+    heard: list[str] = []
+    model = prepare_model(
+        build_model(tiny("llama", num_layers=AUTO_SCAN_MIN_LAYERS), seed=0),
+        cfg.train,
+        cfg.model,
+        xla=True,
+        notice=heard.append,
+    )
+    assert scanned_layers(model) is not None
+    assert [n for n in heard if "scan_layers" in n] == [heard[0]] and "scanned" in heard[0]
+    assert WorkbenchConfig().with_overrides(["model.scan_layers=true"]).model.scan_layers is True
+    with pytest.raises(ConfigError, match=r"model.scan_layers='sometimes'.*'auto'"):
+        WorkbenchConfig().with_overrides(["model.scan_layers=sometimes"])

@@ -1,6 +1,6 @@
 """Sampling on XLA:CPU (tests/test_generate.py): `workbench.generate.generate` against CPU
 ``model.generate`` for Llama, Qwen2 and a sliding-window Mistral, compiles and host transfers of a
-second call in the same buckets; and the training-path memory probes on a sliding-window Mistral
+second call in the same buckets, also from a model whose layers are scanned over stacked weights; and the training-path memory probes on a sliding-window Mistral
 (``compiled_step_memory`` and the batch finder), which failed while the probe's model kept its KV
 cache on. Needs the compile memory log (PT_XLA_DEBUG_LEVEL=1, PT_XLA_DEBUG_FILE) in the environment.
 """
@@ -69,13 +69,18 @@ def reference(model: Any, batch: list[list[int]], new: int = NEW_TOKENS) -> list
     return out
 
 
-def _generation(family: str, sliding_window: int | None, sample: bool) -> dict[str, Any]:
+def _generation(
+    family: str, sliding_window: int | None, sample: bool, scanned: bool = False
+) -> dict[str, Any]:
     from workbench.backend import runtime
     from workbench.generate import generate, static_cache
+    from workbench.models.scan import install_scan
 
     model = tiny_model(family, sliding_window=sliding_window)
     first, second = prompts(FIRST), prompts(SECOND, offset=11)
     expected = [reference(model, first), reference(model, second)]
+    if scanned:  # stacked weights: decoding (a KV cache) runs the layers one by one on their slices
+        install_scan(model)
     model.to(runtime.device())
     one = generate(model, first, max_new_tokens=NEW_TOKENS, buckets=BUCKETS)
     transfers = runtime.transfer_count()
@@ -130,6 +135,7 @@ def main() -> dict[str, Any]:
     return {
         "probes": _sliding_window_probes(),
         "llama": _generation("llama", None, sample=True),
+        "llama, scanned": _generation("llama", None, sample=False, scanned=True),
         "qwen2": _generation("qwen2", None, sample=False),
         "mistral": _generation("mistral", WINDOW, sample=False),
     }

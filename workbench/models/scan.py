@@ -2,45 +2,48 @@
 
 Unrolled, an XLA training step holds a copy of the decoder layer's forward and backward for
 every layer, so compile time grows with depth. Scanned, the step holds one copy inside an XLA
-``While`` loop over the stacked layer weights (torch_xla's ``scan``, through the runtime seam),
-and the forward and backward compile in about flat time over depth. What stays per layer: the
-weights are stacked (a copy) every step and their gradients sliced back, and the optimizer
-updates each parameter tensor on its own, so a whole training step's compile time still grows
-with depth, more slowly (bench/compile.py measures both).
+``While`` loop (torch_xla's ``scan``, through the runtime seam) over the layers' weights, which
+live stacked for good (`workbench.models.layer_stack`: one ``[layers, ...]`` parameter per
+weight, LoRA adapters and quantized weights included). The backward writes ``[layers, ...]``
+gradients, and clipping and the optimizer update are one op per stacked tensor, so the whole
+training step, not only forward and backward, compiles in about flat time over depth
+(bench/compile.py). Names stay transformers' per-layer ones wherever a weight leaves the model
+(state_dict, ``save_pretrained``, peft adapter files, checkpoints, the sharding report).
 
-How it hooks in without changing the model: the decoder families' forward loops over
-``self.layers[: self.config.num_hidden_layers]`` (Llama, Qwen2/3, Mistral, Gemma 1/2/3, Phi-3
-in transformers 5). `install_scan` swaps that ``ModuleList``'s class for `ScannedLayers`,
-whose full slice yields a single callable (`_ScanRun`) that runs every layer. The modules,
-their names, the state_dict keys, LoRA target names and sharding rules stay exactly as they
-were; `uninstall_scan` swaps the class back.
+How it hooks in: the decoder families' forward loops over ``self.layers[: self.config.num_hidden_layers]``
+(Llama, Qwen2/3, Mistral, Gemma 1/2/3, Phi-3 in transformers 5). `install_scan` stacks the
+layers' parameters and swaps that ``ModuleList``'s class for `ScannedLayers`, whose full slice
+yields a single callable (`_ScanRun`) that runs every layer. The layer modules, their code and
+buffers stay; `uninstall_scan` gives them their own parameters back.
 
 One scanned layer call: the layer's keyword tensors (the attention mask, the rotary
 ``(cos, sin)``, the position ids) ride in the scan's carry next to the hidden states and come
 out unchanged (a carry must be floating point, so integer and boolean tensors travel as float32
 and are cast back inside the layer); the non-tensor keywords (``use_cache=False``, ``None``)
-are baked into the traced layer. Each layer's parameters and buffers are stacked along a new
-leading axis and scanned over. The layer is called through ``forward`` (not ``__call__``), so
-transformers' per-layer gradient checkpointing never wraps it inside the scan; gradient
-checkpointing is the scan's own rematerialisation instead (``remat=True``: each layer is
-recomputed from its saved input in the backward pass). Measured by the compiler on an 8-layer
-forward + backward (tests/xla/scan_memory.py): scanned without remat a little more temporary
-memory than unrolled, with remat about a quarter of it and a third of transformers' checkpointing.
+are baked into the traced layer. The stacked parameters are scanned over as they are (no copy).
+The layer is called through ``forward`` (not ``__call__``), so transformers' per-layer gradient
+checkpointing never wraps it inside the scan; gradient checkpointing is the scan's own
+rematerialisation instead (``remat=True``: each layer is recomputed from its saved input in the
+backward pass). Measured by the compiler on an 8-layer forward + backward
+(tests/xla/scan_memory.py): scanned without remat a little more temporary memory than unrolled,
+with remat about a quarter of it and a third of transformers' checkpointing.
 
 The traced layer is cached per `ScannedLayers` (torch_xla's ``is_fn_pure``), keyed on the
 keyword structure, the static keyword values, ``remat`` and the layers' Python state (training
 mode, peft adapters active/merged/disabled), so a step re-traces nothing in Python and a change
 of mode or adapter state traces afresh. The cache dies with the model.
 
-A call the scan cannot take runs the plain unrolled loop instead: a call on non-XLA tensors
-(the model moved to the CPU), a KV cache or another non-tensor object among the keywords
-(generation), or transformers capturing per-layer outputs (``output_hidden_states``).
+A call the scan cannot take runs the layers one by one, each on its slices of the stacked
+weights: a call on non-XLA tensors (the model moved to the CPU), a KV cache or another
+non-tensor object among the keywords (generation), or transformers capturing per-layer outputs
+(``output_hidden_states``).
 
 What cannot be scanned raises `ScanLayersError` at install, naming ``model.scan_layers``, the
 family and the reason: a family whose forward does not loop over that slice (GPT-2 iterates
 ``self.h``), or layers that are not identical: different parameter shapes, or different Python
 attributes such as Gemma 2/3's and Qwen's mix of sliding-window and full attention layers
-(``config.layer_types``).
+(``config.layer_types``). ``model.scan_layers=auto`` (the default, `choose_scan`) scans where
+that check passes and the stack is deep enough, and says which in one notice.
 
 Off XLA (plain CPU or CUDA) ``model.scan_layers`` is a no-op: the math is the same unrolled,
 and `scan_notices` says so once, so one config runs everywhere.

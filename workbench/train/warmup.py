@@ -30,15 +30,17 @@ from workbench.data.buckets import round_up
 from workbench.data.loader import dataset_lengths, plan_for_config, prewarm, synthetic_batch
 from workbench.data.sampler import batch_rows
 from workbench.train.optim import restore_optimizer_scalars
-from workbench.train.state import model_state
 from workbench.train.state_io import capture_rng, flatten_state, host_tensors, restore_rng, unflatten_state
 from workbench.train.step import StepEngine
 from workbench.train.stream import TrainingData
 
 
 def _live_state(engine: StepEngine) -> dict[str, Any]:
+    # the trainable parameters as they live (a stacked layer weight whole, not per-layer slices:
+    # restoring it is one copy, not a program of slice updates); a frozen base never changes
+    trainable = {name: p.detach() for name, p in engine.model.named_parameters() if p.requires_grad}
     return {
-        "model": model_state(engine.model),  # a LoRA model's trainable part: the frozen base never changes
+        "model": trainable,
         "objective": engine.objective.state_dict(),
         "optimizer": engine.optimizer.state_dict(),
     }
