@@ -42,6 +42,7 @@ bench: venv browser-deps
 	PJRT_DEVICE=CPU $(PY) bench/train.py
 	PJRT_DEVICE=CPU $(PY) bench/generate.py
 	PJRT_DEVICE=CPU $(PY) bench/compile.py
+	PJRT_DEVICE=CPU $(PY) bench/compile.py --real
 	PJRT_DEVICE=CPU $(PY) bench/quantize.py
 	PJRT_DEVICE=CPU $(PY) bench/memory_real.py
 	PJRT_DEVICE=CPU $(PY) bench/compile_log_cost.py

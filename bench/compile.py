@@ -1,14 +1,19 @@
-"""Compile time against depth, decoder stack unrolled and scanned (``model.scan_layers``), on XLA:CPU.
+"""Compile time, decoder stack unrolled vs scanned (``model.scan_layers``), on XLA:CPU: depth rows; --real: published shapes.
 
-For each depth (2, 4, 8, 16, 32 layers by default) a Llama-style model of that depth (same
-width, seed 0, fp32) is prepared by the trainer's `prepare_model` twice, unrolled and scanned
-(`workbench.models.scan`), and both run back to back in one process, unrolled first:
+The depth rows measure compile time against depth; ``--real`` times the real training command on
+published shapes with ``model.scan_layers`` false, true and auto.
+
+Depth rows (the default). For each depth (2, 4, 8, 16, 32 layers by default) a Llama-style model
+of that depth (same width, seed 0, fp32) is prepared by the trainer's `prepare_model` twice,
+unrolled and scanned (`workbench.models.scan`: the layers' weights held stacked, ``[layers, ...]``,
+by `workbench.models.layer_stack`), and both run back to back in one process, unrolled first:
 
 - forward + backward alone (the trainer's inputs via `model_inputs`, the model's loss,
   ``backward``, one sync): the part the scan compiles once for all layers;
 - then `--steps` training steps (the same, plus gradient clipping at 1.0 and AdamW with its
-  state created up front as the trainer does): one program, whose optimizer update is one set
-  of element-wise kernels per parameter tensor in both variants, so it still grows with depth.
+  state created up front as the trainer does): one program, whose clipping and optimizer update
+  are element-wise kernels per parameter tensor: one per layer's tensor unrolled, one per
+  stacked tensor scanned.
 
 Reported per depth and variant: XLA's compile seconds for each program (`runtime.compile_time_s`
 deltas), the programs the training steps compiled, a steady step's wall time (the last step),
@@ -19,6 +24,15 @@ table shows each figure's least disturbed round (fewest compile seconds; the mac
     .venv/bin/python bench/compile.py [--layers 2 4 8 16 32 --hidden 128 --seq 64 --steps 3 --rounds 2]
 
 Prints a table and writes bench/results/compile.json.
+
+Real-shape rows (``--real``, `bench/compile_real.py`): SmolLM2-135M (30 layers) and Qwen2.5-0.5B
+(24 layers) checkpoints with random weights; for each, full fine-tune and LoRA rank 16, each with
+``model.scan_layers`` false, true and auto, the user's ``python -m workbench train ...`` command in
+a fresh process timed whole: wall seconds, warm-up compiles, compile seconds, steady step, final loss.
+
+    .venv/bin/python bench/compile.py --real [--shapes ... --modes full lora --steps 6 --rounds 1]
+
+Prints two tables and writes bench/results/compile_real.json.
 """
 
 from __future__ import annotations
@@ -147,20 +161,28 @@ def fastest(rounds: list[list[dict]]) -> list[dict]:
 
 
 def main() -> None:
+    from bench import compile_real  # the real-shape rows (``--real``)
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None, help="default 3, with --real 6")
+    parser.add_argument("--rounds", type=int, default=None, help="default 2, with --real 1")
     parser.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
+    compile_real.add_arguments(parser)
     args = parser.parse_args()
+    args.steps = args.steps if args.steps is not None else 6 if args.real else 3
+    args.rounds = args.rounds if args.rounds is not None else 1 if args.real else 2
     if args.steps < 2:
         parser.error(f"--steps={args.steps} is not allowed: at least 2 (the last one is the steady step)")
     if args.rounds < 1:
         parser.error(f"--rounds={args.rounds} is not allowed: at least 1")
+    if args.real:
+        compile_real.run_real(args)
+        return
     if args.one_round:
         print(_MARK + json.dumps(one_round(args)), flush=True)
         return

@@ -36,7 +36,8 @@ from workbench.models.scan import (
 )
 from workbench.train.trainer import prepare_model
 
-LOSS_TOLERANCE = 1e-4
+LOSS_TOLERANCE = 1e-5
+"""Relative: scanned and unrolled fp32 losses agree to this (the issue's figure)."""
 SCANNABLE = ["llama", "qwen2", "mistral", "gemma", "qwen3", "phi3"]
 
 
@@ -180,7 +181,7 @@ def test_scanned_training_matches_unrolled(xla_scenario, case):
     unrolled, scanned = result["unrolled"], result["scanned"]
 
     assert scanned["scanned"] and not unrolled["scanned"]
-    assert scanned["losses"] == pytest.approx(unrolled["losses"], abs=LOSS_TOLERANCE)
+    assert scanned["losses"] == pytest.approx(unrolled["losses"], rel=LOSS_TOLERANCE)
     assert unrolled["losses"][-1] < unrolled["losses"][0]  # it trains
     assert scanned["layers_moved"] == [True] * params["layers"]
     assert scanned["state_dict_keys"] == unrolled["state_dict_keys"]
@@ -200,7 +201,7 @@ def test_trainer_scans_on_a_mesh(xla_scenario, variant):
     unrolled, scanned = result["unrolled"], result["scanned"]
 
     assert scanned["scanned"] and not unrolled["scanned"]
-    assert scanned["losses"] == pytest.approx(unrolled["losses"], abs=LOSS_TOLERANCE)
+    assert scanned["losses"] == pytest.approx(unrolled["losses"], rel=LOSS_TOLERANCE)
     assert scanned["after"] == unrolled["after"] == 0
     assert scanned["names"] == unrolled["names"]
     # the stacked weight shards like its per-layer weight, the layer axis unsharded
@@ -226,7 +227,7 @@ def test_scan_remat_keeps_only_each_layers_input(xla_scenario):
 
     assert result["programs"] == 4
     for way in temp:  # the same numbers every way
-        assert result[way]["loss"] == pytest.approx(result["unrolled"]["loss"], abs=LOSS_TOLERANCE)
+        assert result[way]["loss"] == pytest.approx(result["unrolled"]["loss"], rel=LOSS_TOLERANCE)
         assert result[way]["grad_sum"] == pytest.approx(result["unrolled"]["grad_sum"], rel=1e-4)
     # checkpointing a scan recomputes each layer from its input: far fewer bytes than saving
     # activations, scanned or unrolled, and fewer than transformers' per-layer checkpointing

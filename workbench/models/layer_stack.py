@@ -12,17 +12,20 @@ The layout: `stack_layers` moves every parameter of the (identical) decoder laye
 `LayerStack` registered as the child ``stacked`` of the layers' ``ModuleList``, at the same path
 inside it (``model.layers.stacked.self_attn.q_proj.weight``, shape ``[layers, out, in]``). The
 layer modules stay (their buffers, their Python state, their code) but hold no parameters; a
-call that runs them one by one gets each layer's slice (`LayerStack.layer_weights`).
+call that runs them one by one gets each layer's slice (`LayerStack.layer_weights`), and so does
+their ``extra_repr`` (`_SliceRepr`: ``print(model)`` reads ``LlamaRMSNorm``'s ``self.weight``).
 
 Per-layer names outside:
 - ``state_dict()`` gives ``model.layers.{i}.<name>`` for every layer (a hook; views on XLA,
   copies elsewhere so safetensors never sees shared storage): transformers' ``save_pretrained``,
   peft's adapter files and checkpoints hold exactly what an unscanned model holds;
 - ``load_state_dict`` takes per-layer keys (old checkpoints, unscanned ones) and stacks them,
-  and reports missing weights by their per-layer names;
+  and reports missing, surplus and misshapen weights exactly as the unscanned model does (the
+  same keys, order and message; a layer whose key is missing keeps its weight);
 - `per_layer_parameters` and `expand_optimizer_state` / `collapse_optimizer_state` give a
-  training checkpoint the unscanned model's parameter names and optimizer layout, so a scanned
-  run's checkpoint resumes an unscanned run and back, bitwise;
+  training checkpoint the unscanned model's parameter names and optimizer layout (a scalar
+  such as Adam's ``step`` copied per layer, as an unscanned optimizer holds one per parameter),
+  so a scanned run's checkpoint resumes an unscanned run and back, bitwise, sharded (DCP) too;
 - `stacked_parameter_names` tells the sharding plan which parameters are stacked: a stacked
   weight is planned as its layer-0 weight, the layer axis unsharded.
 
@@ -95,9 +98,10 @@ def stack_layers(layers: nn.ModuleList) -> LayerStack:
             stacked = torch.stack([p.detach() for p in per_layer])
         stack.add(name, nn.Parameter(stacked, requires_grad=first.requires_grad))
         del per_layer
-        for module in modules:
+        for index, module in enumerate(modules):
             owner, leaf = _owner(module, name)
             del owner._parameters[leaf]
+            _SliceRepr.install(owner, stack, index, leaf, name)
     layers._modules[STACK] = stack
     return stack
 
@@ -114,7 +118,35 @@ def unstack_layers(layers: nn.ModuleList) -> None:
             with torch.no_grad():
                 own = stacked[index].detach().clone()
             owner.register_parameter(leaf, nn.Parameter(own, requires_grad=stacked.requires_grad))
+            owner.__dict__.pop("extra_repr", None)
     del layers._modules[STACK]
+
+
+class _SliceRepr:
+    """A stacked layer module's ``extra_repr`` (an instance attribute, so ``print(model)`` works):
+    its class's own, run with the layer's slices attached, since many read their weights there
+    (``LlamaRMSNorm``: ``self.weight.shape``), which now live in the `LayerStack`."""
+
+    def __init__(self, owner: nn.Module, stack: LayerStack, index: int) -> None:
+        self.owner, self.stack, self.index = owner, stack, index
+        self.leaves: dict[str, str] = {}
+        """Attribute -> the per-layer name of its stacked parameter."""
+
+    @classmethod
+    def install(cls, owner: nn.Module, stack: LayerStack, index: int, leaf: str, name: str) -> None:
+        current = owner.__dict__.get("extra_repr")
+        if not isinstance(current, cls):
+            current = owner.__dict__["extra_repr"] = cls(owner, stack, index)
+        current.leaves[leaf] = name
+
+    def __call__(self) -> str:
+        try:
+            for leaf, name in self.leaves.items():
+                object.__setattr__(self.owner, leaf, self.stack.get_parameter(name).detach()[self.index])
+            return type(self.owner).extra_repr(self.owner)
+        finally:
+            for leaf in self.leaves:
+                self.owner.__dict__.pop(leaf, None)
 
 
 def layer_stack(layers: nn.Module | None) -> LayerStack | None:
@@ -175,12 +207,38 @@ def per_layer_state_dict_hook(
 
 
 def _layer_slice(value: torch.Tensor, index: int) -> torch.Tensor:
-    """A layer's slice, detached; a copy off XLA, where a view would share the stacked storage
-    (safetensors and transformers' save refuse tensors that share memory)."""
+    """A layer's slice, detached: on XLA a view (`_layer_view`), elsewhere a copy, since a view
+    would share the stacked storage (safetensors and transformers' save refuse tensors that share
+    memory)."""
+    piece = _layer_view(value, index)
+    return piece if hasattr(piece, LAYER_SLICE_OF) else piece.clone()
+
+
+LAYER_SLICE_OF = "_workbench_layer_slice_of"
+"""Attribute of an XLA layer view (`_layer_view`): ``(the stacked tensor, the layer index)``."""
+
+
+def _layer_view(value: torch.Tensor, index: int) -> torch.Tensor:
+    """``value[index]``, detached; on XLA tagged with where it comes from (`LAYER_SLICE_OF`).
+
+    Why the tag: an XLA view is a pending slice, not data. Written to the host one by one (a
+    sharded checkpoint writes each tensor on its own) every slice is a program compiled and run;
+    fetched in one batch, all slices are computed at once, a second copy of the stacked weights
+    and optimizer state on the device. `workbench.train.state_io.host_tensors` reads the tag and
+    fetches the stacked tensor itself (device data: a transfer, nothing compiled, no copy on the
+    device), then slices it on the host."""
     from workbench.backend import runtime
 
-    piece = value.detach()[index]
-    return piece if runtime.is_xla_tensor(piece) else piece.clone()
+    base = value.detach()
+    piece = base[index]
+    if runtime.is_xla_tensor(piece):
+        setattr(piece, LAYER_SLICE_OF, (base, index))
+    return piece
+
+
+def layer_slice_origin(tensor: Any) -> tuple[torch.Tensor, int] | None:
+    """``(stacked tensor, layer index)`` of an XLA layer view made here, else None."""
+    return getattr(tensor, LAYER_SLICE_OF, None)
 
 
 def stack_state_dict_pre_hook(
@@ -193,32 +251,83 @@ def stack_state_dict_pre_hook(
     unexpected_keys: list[str],
     error_msgs: list[str],
 ) -> None:
-    """``load_state_dict`` pre-hook: per-layer keys (``{i}.<name>`` for every layer) of a stacked
-    weight are stacked into ``stacked.<name>``. A stacked key (``stacked.<name>``) loads as it is."""
+    """``load_state_dict`` pre-hook: the per-layer keys (``{i}.<name>``) of a stacked weight are
+    stacked into ``stacked.<name>``; a stacked key loads as it is.
+
+    What the unscanned model would say, it says under the same names: a layer's missing key is
+    reported missing (that layer keeps its weight, the others load), a layer's tensor of the wrong
+    shape is a size mismatch naming that layer's key (torch's own message). A weight no layer has is
+    left to the `LayerStack`, whose missing ``stacked.<name>`` the post-hook names per layer.
+    """
     stack = layer_stack(module)
     if stack is None:
         return
-    for name in stack.names:
+    module.__dict__[_LOAD_START] = (prefix, len(missing_keys))
+    for name, live in stack.stacked().items():
         keys = [f"{prefix}{index}.{name}" for index in range(stack.num_layers)]
-        if all(key in state_dict for key in keys):
-            state_dict[f"{prefix}{STACK}.{name}"] = torch.stack([state_dict.pop(key) for key in keys])
+        if not any(key in state_dict for key in keys):
+            continue
+        pieces: list[torch.Tensor | None] = []
+        for key in keys:
+            value = state_dict.pop(key, None)
+            if value is None:
+                missing_keys.append(key)
+            elif not torch.overrides.is_tensor_like(value):
+                error_msgs.append(
+                    f'While copying the parameter named "{key}", expected torch.Tensor or Tensor-like '
+                    f"object from checkpoint but received {type(value)}"
+                )
+                value = None
+            elif value.shape != live.shape[1:]:
+                error_msgs.append(
+                    f"size mismatch for {key}: copying a param with shape {value.shape} from checkpoint, "
+                    f"the shape in current model is {live.shape[1:]}."
+                )
+                value = None
+            pieces.append(value)
+        given = next((piece for piece in pieces if piece is not None), None)
+        like = given if given is not None else live.detach()
+        with torch.no_grad():  # a layer that loads nothing keeps its own weight
+            state_dict[f"{prefix}{STACK}.{name}"] = torch.stack(
+                [
+                    (piece if piece is not None else live.detach()[index]).to(like.device, like.dtype)
+                    for index, piece in enumerate(pieces)
+                ]
+            )
+
+
+_LOAD_START = "_per_layer_load_start"
+"""Set on the layers by the pre-hook for the post-hook: (their prefix, where their missing keys start)."""
 
 
 def per_layer_missing_keys_hook(module: nn.Module, incompatible_keys: Any) -> None:
     """``load_state_dict`` post-hook: a stacked weight missing from the loaded dict is reported by
-    its per-layer names (the keys a user's file would have needed)."""
+    its per-layer names (the keys a user's file would have needed), and the layers' missing keys
+    are put in the unscanned model's order (layer by layer), so the message is the one an
+    unscanned model gives."""
     stack = layer_stack(module)
-    if stack is None:
+    start = module.__dict__.pop(_LOAD_START, None)
+    if stack is None or start is None:
         return
+    prefix, begin = start
     missing = incompatible_keys.missing_keys
     renamed: list[str] = []
-    for key in missing:
-        before, marker, name = key.partition(f".{STACK}.")
-        if marker and name in stack.names:
-            renamed.extend(f"{before}.{index}.{name}" for index in range(stack.num_layers))
+    for key in missing[begin:]:
+        name = key[len(f"{prefix}{STACK}.") :] if key.startswith(f"{prefix}{STACK}.") else None
+        if name in stack.names:
+            renamed.extend(f"{prefix}{index}.{name}" for index in range(stack.num_layers))
         else:
             renamed.append(key)
-    missing[:] = renamed
+    rank = {name: position for position, name in enumerate(stack.names)}
+
+    def unscanned_order(item: tuple[int, str]) -> tuple[int, int, int]:
+        position, key = item
+        layer, _, name = key[len(prefix) :].partition(".") if key.startswith(prefix) else ("", "", "")
+        if not layer.isdigit():
+            return stack.num_layers, 0, position
+        return int(layer), rank.get(name, len(rank)), position
+
+    missing[begin:] = [key for _, key in sorted(enumerate(renamed), key=unscanned_order)]
 
 
 _HOOKS = (per_layer_state_dict_hook, stack_state_dict_pre_hook, per_layer_missing_keys_hook)
@@ -280,7 +389,7 @@ def per_layer_parameters(model: nn.Module) -> Iterator[tuple[str, torch.Tensor, 
             layers = stacked[pending[0][0]][1]
             for index in range(layers):
                 for name, param in pending:
-                    yield stacked[name][0].format(index=index), param.detach()[index], param.requires_grad
+                    yield stacked[name][0].format(index=index), _layer_view(param, index), param.requires_grad
             pending.clear()
 
     for name, param in model.named_parameters():
@@ -392,8 +501,14 @@ def collapse_optimizer_state(
 
 
 def _state_slice(value: Any, layer: int | None) -> Any:
-    if layer is None or not isinstance(value, torch.Tensor) or value.dim() == 0:
+    """Layer `layer`'s part of a stacked parameter's optimizer state. A scalar (Adam's ``step``) is
+    copied per layer, as an unscanned optimizer holds one per parameter: one shared tensor would be
+    written once by a sharded (DCP) save, which deduplicates tensors by identity, and an unscanned
+    run resuming that checkpoint would find the other layers' ``step`` missing."""
+    if layer is None or not isinstance(value, torch.Tensor):
         return value
+    if value.dim() == 0:
+        return value.detach().clone()
     return _layer_slice(value, layer)
 
 
@@ -405,11 +520,13 @@ def _stack_state(values: Sequence[Any]) -> Any:
 
 
 __all__ = [
+    "LAYER_SLICE_OF",
     "LAYER_WILDCARD",
     "STACK",
     "LayerStack",
     "collapse_optimizer_state",
     "expand_optimizer_state",
+    "layer_slice_origin",
     "layer_stack",
     "layer_weights_attached",
     "model_stacks",

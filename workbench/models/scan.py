@@ -74,10 +74,10 @@ LOOP_SOURCE = "self.layers[: self.config.num_hidden_layers]"
 _LAYER_INDEX_ATTRIBUTES = frozenset({"layer_idx", "layer_index"})
 """Per-layer attributes that only index a KV cache: training (no cache) never reads them."""
 _STATIC_TYPES = (type(None), bool, int, float, str)
+"""Keyword values baked into the traced layer; any other non-tensor object means no scan."""
 AUTO_SCAN_MIN_LAYERS = 8
 """``model.scan_layers=auto`` scans stacks at least this deep (bench/compile.py: from here a scanned
 step compiles faster than an unrolled one and runs as fast)."""
-"""Keyword values baked into the traced layer; any other non-tensor object means no scan."""
 
 
 class ScanLayersError(ConfigError):

@@ -48,6 +48,7 @@ from workbench.train.state_io import (
     flatten_state,
     fsync_dir,
     fsync_file,
+    host_layer_views,
     host_tensors,
     is_sharded_xla,
     load_dcp,
@@ -163,11 +164,10 @@ class CheckpointManager:
                 structure[part] = sub_structure
                 if not tensors:
                     continue
-                if (
-                    self.sharded
-                    and any(is_sharded_xla(t) for t in tensors.values())
-                    and save_dcp(tensors, tmp / f"{part}.dcp")
-                ):
+                sharded = self.sharded and any(is_sharded_xla(t) for t in tensors.values())
+                if sharded:  # a scanned model's layer views to the host once, DCP or fallback
+                    tensors = host_layer_views(tensors)
+                if sharded and save_dcp(tensors, tmp / f"{part}.dcp"):
                     parts[part] = "dcp"
                 else:
                     save_safetensors(host_tensors(tensors), tmp / f"{part}.safetensors")

@@ -233,12 +233,41 @@ def restore_optimizer_scalars(optimizer: torch.optim.Optimizer, saved: dict) -> 
                 live[key] = value
 
 
+def _check_state_layout(index: int, saved: dict, live: dict) -> None:
+    """Raise ValueError unless parameter `index`'s saved state has the live state's tensors, of the
+    same shapes. Copied in place without this, another optimizer's state (Adafactor's factored
+    rows and columns into AdamW's moments) or another layout would load silently: unknown keys
+    added beside the live ones, shapes broadcast by ``copy_``. Live state not created yet
+    (an optimizer without `init_optimizer_state`) takes what comes."""
+    live_tensors = {k: v for k, v in live.items() if isinstance(v, torch.Tensor)}
+    if not live_tensors:
+        return
+    saved_tensors = {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
+    problem = None
+    if sorted(saved_tensors) != sorted(live_tensors):
+        problem = f"holds {sorted(saved_tensors)}, this optimizer's holds {sorted(live_tensors)}"
+    else:
+        for key, value in saved_tensors.items():
+            if tuple(value.shape) != tuple(live_tensors[key].shape):
+                problem = (
+                    f"{key!r} has shape {list(value.shape)}, this optimizer's {list(live_tensors[key].shape)}"
+                )
+                break
+    if problem is not None:
+        raise ValueError(
+            f"the checkpoint's optimizer state for parameter {index} {problem}: resume with the "
+            "optimizer (train.optimizer), model and LoRA settings the checkpoint was written with"
+        )
+
+
 def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """Load optimizer state *into* the live state tensors (created by `init_optimizer_state`).
 
     Copying in place keeps each tensor's device, dtype and SPMD sharding, so the step program
     after a resume is the one compiled before (`optimizer.load_state_dict` would replace them
     with fresh, unsharded tensors). Non-tensor state and group hyper-parameters are set directly.
+    A state of another layout (another optimizer's, other shapes) raises ValueError before
+    anything is copied.
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     saved_state = saved.get("state", {})
@@ -249,6 +278,8 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
             f"groups; this model's holds {len(params)} in {len(optimizer.param_groups)}: "
             "resume with the model and optimizer settings the checkpoint was written with"
         )
+    for index, state in saved_state.items():
+        _check_state_layout(int(index), state, optimizer.state[params[int(index)]])
     with torch.no_grad():
         for index, state in saved_state.items():
             live = optimizer.state[params[int(index)]]

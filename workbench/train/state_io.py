@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from workbench.backend import runtime
+from workbench.models.layer_stack import layer_slice_origin
 
 FORMAT_VERSION = 1
 
@@ -136,14 +137,33 @@ def files_under(directory: Path) -> list[Path]:
 
 
 def host_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Contiguous CPU copies, XLA tensors fetched in one batched transfer, shared storage un-shared."""
+    """Contiguous CPU tensors for writing: XLA tensors fetched in one batched transfer, shared storage
+    un-shared. A tensor already on the CPU and contiguous comes back as it is, not copied (a save
+    needs no second copy of a host model): a caller that keeps the result while training goes on
+    must copy it.
+
+    A stacked layer weight's per-layer views (``model.scan_layers``,
+    `workbench.models.layer_stack.layer_slice_origin`) are sliced on the host: each stacked tensor
+    is fetched once, as it is on the device (no slicing program compiled, no copy on the device),
+    and its layers copied out of it before the next is fetched."""
     keys = list(tensors)
+    origins = [layer_slice_origin(t) for t in tensors.values()]
     values = [t.detach() for t in tensors.values()]
-    xla_idx = [i for i, t in enumerate(values) if t.device.type == "xla"]
+    xla_idx = [i for i, t in enumerate(values) if t.device.type == "xla" and origins[i] is None]
     if xla_idx:
         fetched = runtime.to_cpu([values[i] for i in xla_idx])
         for i, t in zip(xla_idx, fetched):
             values[i] = t
+    by_base: dict[int, list[int]] = {}
+    for i, origin in enumerate(origins):
+        if origin is not None:
+            by_base.setdefault(id(origin[0]), []).append(i)
+    for positions in by_base.values():
+        stacked = origins[positions[0]][0]
+        host = stacked.to("cpu") if stacked.device.type != "xla" else runtime.to_cpu([stacked])[0]
+        for i in positions:
+            values[i] = host[origins[i][1]].clone()
+        del host
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for key, t in zip(keys, values):
@@ -153,6 +173,18 @@ def host_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
             t = t.clone()
         seen.add(ptr)
         out[key] = t
+    return out
+
+
+def host_layer_views(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` with every stacked layer weight's per-layer XLA view replaced by its host copy
+    (`host_tensors`: each stacked tensor fetched once), the other tensors as they are. Before a
+    sharded save: handed to DCP as views, every one would compile a program of its own, and a
+    save that falls back to safetensors then finds them on the host already."""
+    out = dict(tensors)
+    views = {key: t for key, t in out.items() if layer_slice_origin(t) is not None}
+    if views:
+        out.update(host_tensors(views))
     return out
 
 
@@ -196,10 +228,11 @@ def save_dcp(tensors: dict[str, torch.Tensor], directory: Path) -> bool:
     torch_xla 2.9's SPMD planner silently leaves out tensors that are sharded *and* partially
     replicated (a data x fsdp mesh with data > 1) when one process holds all devices; such
     parts go to safetensors as full tensors instead (correct, just not sharded on disk).
+    A scanned model's per-layer views are written as full CPU tensors (they carry no sharding).
     """
     import torch.distributed.checkpoint as dcp
 
-    unique = _unique_tensors(tensors)
+    unique = host_layer_views(_unique_tensors(tensors))
     directory.mkdir()
     dcp.save(unique, storage_writer=dcp.FileSystemWriter(str(directory)), planner=runtime.spmd_save_planner())
     written = set(_dcp_reader(directory).read_metadata().state_dict_metadata)
