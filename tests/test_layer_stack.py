@@ -620,3 +620,17 @@ def test_another_optimizers_checkpoint_is_refused_naming_the_setting(stacked, tm
         reader.load(manager, path)
     after = expand_optimizer_state(reader.optimizer, reader.model)["state"]
     assert all(torch.equal(after[i][k], v) for i, s in before.items() for k, v in s.items())  # untouched
+
+
+def test_a_quantized_layers_bias_counts_stacked_as_unscanned():
+    """Qwen2's q/k/v projections carry biases beside their integer weights."""
+    plain = build_model(tiny("qwen2", num_layers=LAYERS), seed=0)
+    unscanned, stacked = (
+        build_model(tiny("qwen2", num_layers=LAYERS), seed=0),
+        build_model(tiny("qwen2", num_layers=LAYERS), seed=0),
+    )
+    quantize_model(unscanned, "int8")
+    quantize_model(stacked, "int8")
+    install_scan(stacked)
+    expected = sum(p.numel() for p in plain.parameters())
+    assert logical_parameter_count(unscanned) == logical_parameter_count(stacked) == expected
