@@ -26,6 +26,15 @@ from workbench.models.scan import install_scan
 WAYS = ("unrolled", "unrolled, checkpointing", "scanned", "scanned, remat")
 
 
+def down_proj_grad(model: torch.nn.Module, index: int) -> torch.Tensor:
+    """Layer `index`'s down_proj gradient: its slice of the stacked gradient when the stack is scanned."""
+    params = dict(model.named_parameters())
+    stacked = params.get("model.layers.stacked.mlp.down_proj.weight")
+    if stacked is not None:
+        return stacked.grad[index]
+    return params[f"model.layers.{index}.mlp.down_proj.weight"].grad
+
+
 def main(layers: int = 8, length: int = 256) -> dict[str, Any]:
     log = Path(tempfile.mkdtemp()) / "compile.log"
     compile_log.enable_compile_log(log)  # before the first compile
@@ -45,7 +54,7 @@ def main(layers: int = 8, length: int = 256) -> dict[str, Any]:
         model.train()
         loss = model(**model_inputs({"input_ids": ids}, model), labels=ids).loss
         loss.backward()
-        grad = model.model.layers[layers // 2].mlp.down_proj.weight.grad.abs().sum()
+        grad = down_proj_grad(model, layers // 2).abs().sum()
         runtime.sync()
         loss_value, grad_value = (float(v) for v in runtime.to_cpu([loss.detach(), grad]))
         results[way] = {"loss": loss_value, "grad_sum": grad_value}
