@@ -370,7 +370,10 @@ def logical_parameter_count(model: nn.Module) -> int:
         template, count = stacked.get(name, (name, 1))
         owner, _, leaf = template.format(index=0).rpartition(".")
         layer = layers.get(owner)
-        if layer is None or leaf not in ("weight", "weight_scale"):  # a quantized layer's bias counts as it is
+        if layer is None or leaf not in (
+            "weight",
+            "weight_scale",
+        ):  # a quantized layer's bias counts as it is
             total += p.numel()
         elif leaf == "weight":
             total += layer.in_features * layer.out_features * count
