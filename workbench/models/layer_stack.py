@@ -411,34 +411,30 @@ def _expansion(optimizer: torch.optim.Optimizer, model: nn.Module) -> list[list[
     """Per param group, the unscanned layout as (index of the live parameter, layer or None):
     consecutive stacked parameters of one group expand layer by layer, as the unscanned model's
     named_parameters would have listed them."""
-    layers_of = {
-        id(p): stacked
-        for name, p in model.named_parameters()
-        if (stacked := stacked_parameter_names(model).get(name)) is not None
-    }
+    stacked = stacked_parameter_names(model)
+    layers_of = {id(p): stacked[name][1] for name, p in model.named_parameters() if name in stacked}
     groups: list[list[tuple[int, int | None]]] = []
     position = 0
     for group in optimizer.param_groups:
         layout: list[tuple[int, int | None]] = []
-        run: list[int] = []
+        run: list[int] = []  # positions of consecutive stacked parameters
+        layers = 0
         for param in group["params"]:
             if id(param) in layers_of:
                 run.append(position)
+                layers = layers_of[id(param)]
             else:
-                layout.extend(_expand_run(run, optimizer, layers_of))
+                layout.extend(_expand_run(run, layers))
                 run = []
                 layout.append((position, None))
             position += 1
-        layout.extend(_expand_run(run, optimizer, layers_of))
+        layout.extend(_expand_run(run, layers))
         groups.append(layout)
     return groups
 
 
-def _expand_run(run: list[int], optimizer: torch.optim.Optimizer, layers_of: Mapping[int, Any]) -> list:
-    if not run:
-        return []
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    layers = layers_of[id(params[run[0]])][1]
+def _expand_run(run: list[int], layers: int) -> list[tuple[int, int | None]]:
+    """A run of stacked parameters' positions, layer by layer (the unscanned order)."""
     return [(position, index) for index in range(layers) for position in run]
 
 

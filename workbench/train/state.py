@@ -20,9 +20,9 @@ from workbench.models.layer_stack import (
     collapse_optimizer_state,
     expand_optimizer_state,
     model_stacks,
-    per_layer_parameters,
 )
 from workbench.train.checkpoint import CheckpointManager
+from workbench.train.lora import trainable_parameters
 from workbench.train.optim import load_optimizer_state
 from workbench.train.state_io import capture_rng, restore_rng
 from workbench.train.stream import BatchInfo
@@ -81,10 +81,9 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     (a LoRA model's base), only the trainable parameters (detached: they share the live storage).
     Under per-layer names either way: a stacked layer weight (``model.scan_layers``) gives one
     tensor per layer, so scanned and unscanned runs write the same checkpoint."""
-    params = list(per_layer_parameters(model))
-    if all(trainable for _, _, trainable in params):
+    if all(p.requires_grad for p in model.parameters()):
         return model.state_dict()
-    return {name: tensor for name, tensor, trainable in params if trainable}
+    return trainable_parameters(model)
 
 
 def load_model_state(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
