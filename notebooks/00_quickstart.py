@@ -19,6 +19,8 @@ max_examples = None  # cap the corpus (None: all of it)
 report_html = "reports/quickstart.html"
 save_dir = "checkpoints/quickstart"  # where the trained model + tokenizer are saved (None: not saved)
 
+# %% shared="doctor"
+
 # %% shared="xla_on_cpu"
 
 # %% [markdown]

@@ -18,6 +18,8 @@ steps = 6
 max_examples = None  # cap the corpus (None: all of it)
 max_buckets = 4
 
+# %% shared="doctor"
+
 # %% shared="xla_on_cpu"
 
 # %%

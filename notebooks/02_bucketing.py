@@ -16,6 +16,8 @@ max_examples = None
 steps = 12
 batch_size = 8
 
+# %% shared="doctor"
+
 # %% shared="xla_on_cpu"
 
 # %%

@@ -16,6 +16,8 @@ steps = 20
 log_every = 5
 max_examples = None  # cap the corpus (None: all of it)
 
+# %% shared="doctor"
+
 # %% shared="xla_on_cpu"
 
 # %% [markdown]

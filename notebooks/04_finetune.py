@@ -33,6 +33,8 @@ max_new_tokens = 32
 adapter_dir = "checkpoints/finetune-adapter"  # the LoRA adapter (None: not saved)
 merged_dir = "checkpoints/finetune-merged"  # the base with the adapters merged in: a full checkpoint (None: not saved)
 
+# %% shared="doctor"
+
 # %% shared="xla_on_cpu"
 
 # %%

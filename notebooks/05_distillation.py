@@ -22,6 +22,8 @@ log_every = 5
 max_examples = None  # cap the corpus (None: all of it)
 max_buckets = 4
 
+# %% shared="doctor"
+
 # %% shared="xla_on_cpu"
 
 # %%

@@ -6,6 +6,7 @@ Each source is one notebook written as plain Python in jupytext's percent format
     # %% [markdown]             a markdown cell, its lines commented out
     # %% tags=["parameters"]    the flat literals papermill overrides
     # %% shared="install"       filled with INSTALL below: the same first cell in every notebook
+    # %% shared="doctor"        filled with DOCTOR below: the preflight check, right after the parameters
     # %% shared="xla_on_cpu"    filled with XLA_ON_CPU below
 
 Edit a source, then regenerate the notebooks (no outputs, stable cell ids, a python3 kernel)::
@@ -57,6 +58,24 @@ if any(k.startswith("COLAB_") for k in os.environ):
 
     output.enable_custom_widget_manager()"""
 
+# The first cell that does anything after installing (the parameters cell only names values): a session
+# that cannot train stops here, with the fixes, instead of in a traceback a few cells later.
+DOCTOR = """\
+# Preflight (`python -m workbench doctor` in a terminal): torch / torch_xla / libtpu versions that work together,
+# a TPU no other process holds, Drive or Kaggle storage, disk and memory. A failed check stops here with its fix.
+from IPython.display import display
+
+from workbench import doctor
+
+report = doctor()  # versions come from package metadata: this runs even where importing torch_xla would crash
+if report.ok:
+    from widgets.doctor_view import doctor_view  # the widgets import torch: only once the versions check out
+
+    display(doctor_view(report))
+else:
+    print(report.table())
+report.raise_on_fail()"""
+
 # No TPU or GPU: XLA on the CPU still shows the XLA story (compiles, shapes, SPMD meshes).
 XLA_ON_CPU = """\
 # Without a TPU or GPU, run XLA on the CPU (set before torch_xla starts; a TPU or GPU is used as it is).
@@ -66,7 +85,7 @@ if cpu_xla_devices and not runtime.tpu_present() and "PJRT_DEVICE" not in os.env
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(cpu_xla_devices)"""
 
-SHARED = {"install": INSTALL, "xla_on_cpu": XLA_ON_CPU}
+SHARED = {"install": INSTALL, "doctor": DOCTOR, "xla_on_cpu": XLA_ON_CPU}
 
 
 def build(name: str) -> nbformat.NotebookNode:

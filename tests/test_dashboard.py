@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import ipywidgets as ipw
 import pytest
 
 from widgets.dashboard import _TRACES, Dashboard
@@ -219,14 +220,15 @@ def test_every_key_read_is_a_run_metrics_key():
         dash = Dashboard(min_interval_s=60)
         dash(ContractRow(rows[0]))
         dash.history = [ContractRow(r) for r in rows]
-        dash(ContractRow(metrics(15)))  # reads the previous row's step
+        dash(ContractRow(metrics(15, time_left_s=60.0, planned_stop_step=20, checkpoint_stall_s=0.5)))
         dash.history = [ContractRow(r) for r in dash.history]
         dash._pending = True
         dash.flush()  # every trace, the warm-up count, the MFU note and the status line
         dash.summary()
     drawn = {"tokens_per_s", "mfu", "step_time_s", "loss", "eval_loss", "compiles", "recompiled"}
     memory = {"device_memory_bytes", "device_memory_limit_bytes", "host_rss_bytes"}
-    assert drawn | memory | {"step", "warmup_compiles", "total_compiles", "tokens_seen"} <= read
+    time_limit = {"time_left_s", "planned_stop_step", "checkpoint_stall_s"}
+    assert drawn | memory | time_limit | {"step", "warmup_compiles", "total_compiles", "tokens_seen"} <= read
 
 
 class PageModel:
@@ -374,3 +376,49 @@ def test_max_points_is_validated():
     assert isinstance(Dashboard().trace("loss" if False else "train loss"), TraceData)
     with pytest.raises(KeyError, match="no trace named 'nope'"):
         Dashboard().trace("nope")
+
+
+def test_status_line_shows_time_left_the_planned_stop_and_the_save_stall():
+    dash = Dashboard(min_interval_s=0, total_steps=1000)
+    assert isinstance(dash.status, ipw.HTML)
+    dash(metrics(100, time_left_s=7500.0, planned_stop_step=830, checkpoint_stall_s=1.25))
+    status = dash.status.value
+    assert "time left <b>2h05m</b>" in status
+    assert "stops at step <b>830</b> of 1000 (time limit)" in status
+    assert "last save held the loop <b>1.25s</b>" in status
+    # Enough time for every step; no save yet: the stall is left out.
+    dash(metrics(200, time_left_s=600.0, planned_stop_step=1000, checkpoint_stall_s=None))
+    status = dash.status.value
+    assert "time left <b>10m00s</b>" in status and "finishes all 1000 steps in time" in status
+    assert "stops at" not in status and "last save" not in status
+    dash(metrics(300, time_left_s=0.0, planned_stop_step=300))
+    assert "<b>time limit reached</b>" in dash.status.value
+    # A dashboard that was not told the run's length names the stop step alone.
+    bare = Dashboard(min_interval_s=0)
+    bare(metrics(5, time_left_s=42.0, planned_stop_step=830))
+    assert bare.status.value.endswith("time left <b>42.0s</b> · stops at step <b>830</b>")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"time_left_s": None, "planned_stop_step": None, "checkpoint_stall_s": None}],
+    ids=["keys-absent", "keys-none"],
+)
+def test_status_line_without_a_time_limit_says_nothing_of_one(extra):
+    dash = Dashboard(min_interval_s=0, total_steps=1000)
+    dash(metrics(10, **extra))
+    status = dash.status.value
+    assert status.startswith("step <b>10</b>")
+    for absent in ("time left", "time limit", "stops at", "in time", "last save"):
+        assert absent not in status, status
+
+
+def test_the_step_a_time_limit_stops_at_is_drawn_at_once():
+    clock = FakeClock()
+    dash = Dashboard(min_interval_s=60, total_steps=1000, clock=clock)
+    dash(metrics(10, planned_stop_step=30))
+    dash(metrics(20, planned_stop_step=30))
+    assert dash.flush_count == 1  # throttled
+    dash(metrics(30, planned_stop_step=30))  # the run's last interval: flushed without waiting
+    assert dash.flush_count == 2 and list(dash.trace("train loss").x) == [10, 20, 30]
+    assert "stops at step <b>30</b> of 1000 (time limit)" in dash.status.value

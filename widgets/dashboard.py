@@ -12,7 +12,9 @@ The six panels: tokens/s, MFU, step time, loss (train and eval), compiles per in
 marker at every recompilation after warm-up (its hover text says why it compiled), and
 device/host memory. A panel with nothing to show gives its space to a short note instead of
 empty axes (MFU without a known peak, device memory on a CPU); traces without points leave the
-legend.
+legend. The status line above it gives the latest step, loss, throughput and compiles and, for a run
+with ``train.time_limit``, the time left, the step the run will stop at and how long the last
+checkpoint save held the loop.
 
 The figure is a `widgets.live_plot.LivePlot`, not plotly's `FigureWidget`: each flush travels as
 a numbered append-only delta and any page that rendered late or missed one catches up from the
@@ -42,7 +44,7 @@ from plotly.subplots import make_subplots
 
 from widgets.live_plot import DecimatedSeries, LivePlot, TraceData
 from workbench.analysis.metrics import RunMetrics
-from workbench.units import GiB
+from workbench.units import GiB, format_duration
 
 # (panel title, row, col) in a 3 x 2 grid.
 PANELS: dict[str, tuple[str, int, int]] = {
@@ -171,8 +173,9 @@ class Dashboard:
     Args:
         min_interval_s: at most one figure update per this many seconds; points that arrive in
             between are batched into the next update (`flush()` forces one).
-        total_steps: when a metrics dict reaches this step the dashboard flushes at once, so the
-            last interval of a run is always drawn.
+        total_steps: when a metrics dict reaches this step (or the earlier ``planned_stop_step`` a
+            time limit sets) the dashboard flushes at once, so the last interval of a run is always
+            drawn; the status line says whether a time limit stops the run before it.
         max_points: most points drawn per trace (the history and the export keep everything).
         title: figure title.
     """
@@ -225,7 +228,9 @@ class Dashboard:
         self._pending = True
         now = self._clock()
         due = self._last_flush is None or now - self._last_flush >= self.min_interval_s
-        final = self.total_steps is not None and row["step"] >= self.total_steps
+        # The run's last step, or the earlier one a time limit stops it at, is drawn at once.
+        last = [n for n in (self.total_steps, row.get("planned_stop_step")) if n is not None]
+        final = bool(last) and row["step"] >= min(last)
         if due or final:
             self.flush()
 
@@ -350,7 +355,7 @@ class Dashboard:
         parts.append(
             f"<span style='color:{recompile_color}'>recompilations <b>{s['recompilations']}</b></span>"
         )
-        return " · ".join(parts)
+        return " · ".join(parts + _time_limit_parts(self.history[-1], self.total_steps))
 
     # ---- display & export ----------------------------------------------------------
     def _ipython_display_(self) -> None:
@@ -434,6 +439,33 @@ pre {{ background: #f6f6f6; padding: 8px; font-size: 12px; }}
 """
         path.write_text(page, encoding="utf-8")
         return path
+
+
+def _time_limit_parts(m: RunMetrics, total_steps: int | None) -> list[str]:
+    """The status line's time-limit parts: time left, where the run will stop, the last save's stall.
+
+    Each is shown only when the trainer reported it (None or absent: a run without
+    ``train.time_limit``, before its first save, or a caller older than these keys).
+    """
+    parts = []
+    left = m.get("time_left_s")
+    if left is not None:
+        parts.append(f"time left <b>{format_duration(left)}</b>" if left > 0 else "<b>time limit reached</b>")
+    stop = m.get("planned_stop_step")
+    if stop is not None:
+        if total_steps is None:
+            parts.append(f"stops at step <b>{stop}</b>")
+        elif stop < total_steps:
+            parts.append(
+                f"<span style='color:#ff7f0e'>stops at step <b>{stop}</b> of {total_steps} (time limit)</span>"
+            )
+        else:
+            parts.append(f"finishes all {total_steps} steps in time")
+    stall = m.get("checkpoint_stall_s")
+    if stall is not None:
+        held = f"{stall:.2f}s" if stall < 60 else format_duration(stall)
+        parts.append(f"last save held the loop <b>{held}</b>")
+    return parts
 
 
 def _fmt(value: Any) -> str:

@@ -7,5 +7,17 @@ Importing this package starts no runtime: torch_xla is only imported (through
 from workbench.backend.hardware import HardwareError, HardwareInfo, detect
 from workbench.config import ConfigError, WorkbenchConfig, load_config
 
-__all__ = ["ConfigError", "HardwareError", "HardwareInfo", "WorkbenchConfig", "detect", "load_config"]
+# Imported last and by name: the function `doctor` replaces the subpackage of the same name as the
+# package attribute, so `from workbench import doctor` always gives the function (cheap: no torch).
+from workbench.doctor import doctor
+
+__all__ = [
+    "ConfigError",
+    "HardwareError",
+    "HardwareInfo",
+    "WorkbenchConfig",
+    "detect",
+    "doctor",
+    "load_config",
+]
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {info,smoke,demo,generate,train}``."""
+"""Command line: ``python -m workbench {info,doctor,smoke,demo,generate,train}``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; `parse_args` applies it."""
+    from workbench.doctor.command import add_doctor_arguments
     from workbench.run import add_train_arguments
 
     parser = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
@@ -16,6 +17,14 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="show the detected hardware")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.add_argument("--device-type", default="auto", choices=["auto", "tpu", "cuda", "xla", "cpu"])
+    add_doctor_arguments(
+        sub.add_parser(
+            "doctor",
+            help="preflight: versions, a TPU held by another process, storage and memory; exit 1 on a fail",
+            description="Check this session before training; exit 0 ready (warnings allowed), 1 a check "
+            "failed, 2 the config cannot be read.",
+        )
+    )
     smoke = sub.add_parser("smoke", help="train a tiny causal LM for a few steps; non-zero exit on failure")
     smoke.add_argument("--device-type", default="auto", choices=["auto", "tpu", "cuda", "xla", "cpu"])
     smoke.add_argument("--steps", type=int, default=8)
@@ -41,10 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse `argv`; ``train`` takes its KEY=VALUE overrides before, between or after its options."""
+    """Parse `argv`; ``train`` and ``doctor`` take KEY=VALUE overrides before, between or after their options."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command == "train" and not any(a.startswith("-") for a in extra):
+    if args.command in ("train", "doctor") and not any(a.startswith("-") for a in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -57,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     from workbench.backend.hardware import HardwareError, detect
 
     try:
+        if args.command == "doctor":
+            from workbench.doctor.command import run_doctor_command
+
+            return run_doctor_command(args)
         if args.command == "info":
             print(_info(detect(args.device_type), as_json=args.json))
             return 0

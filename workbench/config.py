@@ -25,6 +25,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 import yaml
 
 from workbench.models.families import FAMILY_NAMES
+from workbench.units import duration_or_none, duration_with_unit
 
 
 class ConfigError(ValueError):
@@ -154,10 +155,14 @@ class TrainConfig:
     """Seed for model init, data order and dropout."""
     checkpoint_dir: str | None = None
     """Where checkpoints go (None disables checkpointing)."""
-    checkpoint_every: int = 0
-    """Save every this many steps (0 saves only at the end when `checkpoint_dir` is set)."""
+    checkpoint_every: int | str = 0
+    """Save every this many steps, or every this long ('20m', '1h': a cadence in time for slow targets such as a Drive mount); 0 saves only at the end when `checkpoint_dir` is set."""
     keep_checkpoints: int = 2
     """How many recent checkpoints to keep."""
+    async_checkpoint: bool = True
+    """Write checkpoints on a background thread: the step waits only for the copy to the host (at most one write in flight, atomic either way)."""
+    time_limit: float | str | None = None
+    """Wall-clock budget from the Trainer's start, in seconds or as '8h30m': the run stops cleanly before it, its last checkpoint complete (re-run to resume); None: no limit."""
     dynamic_batch_every: int = 0
     """Grow the batch every this many steps (0 disables dynamic batch size)."""
     dynamic_batch_factor: float = 2.0
@@ -487,8 +492,21 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, TrainConfig):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "keep_checkpoints"):
             _require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
-        for name in ("warmup_steps", "eval_every", "checkpoint_every", "dynamic_batch_every"):
+        for name in ("warmup_steps", "eval_every", "dynamic_batch_every"):
             _require(getattr(obj, name) >= 0, f"{p}{name}", getattr(obj, name), "must be >= 0")
+        every = obj.checkpoint_every
+        _require(
+            every >= 0 if isinstance(every, int) else duration_with_unit(every) is not None,
+            f"{p}checkpoint_every",
+            every,
+            "must be steps >= 0 (0: only at the end) or a duration with a unit such as '20m' or '1h30m'",
+        )
+        _require(
+            obj.time_limit is None or (duration_or_none(obj.time_limit) or 0) > 0,
+            f"{p}time_limit",
+            obj.time_limit,
+            "must be seconds > 0, a duration such as '8h30m', or null (no limit)",
+        )
         _require(obj.learning_rate > 0, f"{p}learning_rate", obj.learning_rate, "must be > 0")
         _require(0.0 <= obj.min_lr_ratio <= 1.0, f"{p}min_lr_ratio", obj.min_lr_ratio, "must be in [0, 1]")
         _require(obj.weight_decay >= 0, f"{p}weight_decay", obj.weight_decay, "must be >= 0")

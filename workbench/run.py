@@ -113,7 +113,7 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
     with _notices_as_lines():
         trainer = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=eval_ds, hardware=hw)
     latest = trainer.checkpoints.latest() if trainer.checkpoints is not None and cfg.train.resume else None
-    return trainer, (trainer.checkpoints.step_of(latest) if latest is not None else None)
+    return trainer, (trainer.checkpoints.manager.step_of(latest) if latest is not None else None)
 
 
 def _header(args: argparse.Namespace, cfg: WorkbenchConfig, hw: Any) -> str:
@@ -138,6 +138,8 @@ def run_summary(trainer: Any, result: Any, resume_step: int | None = None, saved
         head = f"trained steps {resume_step + 1}-{result.steps} of {steps} (resumed from step {resume_step})"
     else:
         head = f"trained {result.steps}/{steps} steps"
+    if result.time_limited:
+        head += ": stopped before train.time_limit (re-run the same command to continue)"
     rows += [
         ("final loss", _number(result.final_loss, ".4f")),
         ("tokens/s", _number(result.tokens_per_s, ",.0f")),

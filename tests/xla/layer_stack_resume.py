@@ -136,9 +136,9 @@ def fit_writer(case: str, scan: bool, root: Path) -> tuple[Trainer, dict[str, An
 
     save = trainer.save_checkpoint
 
-    def counted_save() -> Path:
+    def counted_save(wait: bool = True) -> Path:
         before = runtime.compile_count()
-        out = save()
+        out = save(wait=wait)
         compiles["saves"].append(runtime.compile_count() - before)
         return out
 

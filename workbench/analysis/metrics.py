@@ -68,6 +68,14 @@ class RunMetrics(IntervalMetrics):
     micro_batch: int
     grad_accum: int
     """Micro-steps per optimizer step (the configured accumulation times any OOM split)."""
+    time_left_s: float | None
+    """Seconds left before ``train.time_limit`` (None without a limit)."""
+    planned_stop_step: int | None
+    """The step the run is expected to end at: ``train.steps``, or earlier where the time limit comes
+    first (None without a limit)."""
+    checkpoint_stall_s: float | None
+    """Seconds the last checkpoint save held the training loop (with ``train.async_checkpoint``: the
+    copy to the host only); None before the first save."""
 
 
 INTERVAL_KEYS: tuple[str, ...] = tuple(get_type_hints(IntervalMetrics))

@@ -23,7 +23,7 @@ What the rest of the package may ask of the backend:
   `metrics_snapshot`, `clear_metrics`, `metrics_report`, `memory_info`
 - compiling: `compile_only`, `XLA_CPU_MEMORY_SCHEDULER`, `initialize_compile_cache`, `scan`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
 - training: `gradient_checkpoint_function`, `rng_state`, `set_rng_state`,
-  `spmd_save_planner`, `spmd_load_planner` (sharded checkpoints), `quantized_matmul` (int8 weights)
+  `spmd_save_planner`, `spmd_load_planner`, `local_shards_to_cpu` (sharded checkpoints), `quantized_matmul` (int8 weights)
 - profiler: `profiler` (the module; TPU traces)
 """
 
@@ -560,6 +560,15 @@ def spmd_save_planner() -> Any:
     from torch_xla.experimental.distributed_checkpoint import SPMDSavePlanner
 
     return SPMDSavePlanner()
+
+
+def local_shards_to_cpu(tensors: Sequence[Any]) -> list[Any]:
+    """Each sharded XLA tensor's local shards copied to the host in one transfer, in the form torch_xla's
+    SPMD save planner writes (``.shards``: data, indices, replica id; ``.global_shape``): a sharded
+    save from a copy, as torch_xla's own async checkpointing does, while training goes on."""
+    from torch_xla.experimental.distributed_checkpoint._helpers import _cpu_shards_from_tensors
+
+    return list(_cpu_shards_from_tensors(list(tensors))) if tensors else []
 
 
 def spmd_load_planner() -> Any:

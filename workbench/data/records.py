@@ -28,6 +28,7 @@ from typing import Any
 from workbench.backend import runtime
 from workbench.backend.multihost import shard_for_host
 from workbench.data.corpus import CHAT_SAMPLE, embedded_corpus
+from workbench.data.file_errors import data_file_error, load_errors
 from workbench.data.tokenizer import cache_root, get_tokenizer
 
 IGNORE_INDEX = -100
@@ -100,12 +101,18 @@ def _load_local(path: Path, fmt: str, cache_dir: str | os.PathLike[str] | None) 
         builder = kinds.pop()
     else:
         builder = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "text": "text"}[fmt]
-    return datasets.load_dataset(
-        builder,
-        data_files=[str(p) for p in files],
-        split="train",
-        cache_dir=str(cache_root(cache_dir) / "datasets"),
-    )
+    try:
+        return datasets.load_dataset(
+            builder,
+            data_files=[str(p) for p in files],
+            split="train",
+            cache_dir=str(cache_root(cache_dir) / "datasets"),
+            # Any encoding but "utf-8" makes the json builder decode each chunk strictly, so bytes that
+            # are not UTF-8 fail here (where the line is found) instead of in a later map.
+            **({"encoding": "utf-8-sig"} if builder == "json" else {}),
+        )
+    except load_errors() as err:  # re-read in plain Python only once datasets has failed
+        raise data_file_error(files, builder, err) from err
 
 
 # ---- tokenising ------------------------------------------------------------------------------

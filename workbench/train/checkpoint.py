@@ -36,6 +36,8 @@ import shutil
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,8 @@ from workbench.train.state_io import (
     flatten_state,
     fsync_dir,
     fsync_file,
-    host_layer_views,
+    full_tensor,
+    host_shards,
     host_tensors,
     is_sharded_xla,
     load_dcp,
@@ -57,9 +60,21 @@ from workbench.train.state_io import (
     save_safetensors,
     sha256,
     unflatten_state,
+    unique_tensors,
 )
 
 MANIFEST = "manifest.json"
+
+
+def _workbench_version() -> str:
+    try:
+        return version("xla-workbench")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+WORKBENCH_VERSION = _workbench_version()
+"""The version a checkpoint's manifest records: a later workbench says which one wrote it."""
 STATE_JSON = "state.json"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _TMP_PREFIX = ".tmp-"
@@ -80,6 +95,31 @@ def _written_at(directory: Path) -> float:
             return manifest.stat().st_mtime
         except OSError:
             return 0.0
+
+
+@dataclass
+class HostSnapshot:
+    """A checkpoint's state on the host, as `CheckpointManager.snapshot` copied it from the devices."""
+
+    step: int
+    structure: dict[str, Any] = field(default_factory=dict)
+    """Each part's JSON structure (`flatten_state`): where its tensors go back."""
+    files: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    """Parts written as safetensors: their host tensors by key."""
+    sharded: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Parts written through DCP: their tensors' local shards on the host (`host_shards`)."""
+    aliases: dict[str, dict[str, str]] = field(default_factory=dict)
+    """A DCP part's every key -> the key of the tensor written for it (tied weights are written once)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data the snapshot holds on the host."""
+        total = sum(t.numel() * t.element_size() for part in self.files.values() for t in part.values())
+        for part in self.sharded.values():
+            for value in part.values():
+                pieces = [value] if isinstance(value, torch.Tensor) else [s.data for s in value.shards]
+                total += sum(t.numel() * t.element_size() for t in pieces)
+        return total
 
 
 # ---- the manager -------------------------------------------------------------------------------
@@ -124,6 +164,10 @@ class CheckpointManager:
         found = self.checkpoints()
         return found[-1] if found else None
 
+    def path_for(self, step: int) -> Path:
+        """Where checkpoint `step` is (or will be, once written)."""
+        return self.root / f"step-{int(step):08d}"
+
     @staticmethod
     def step_of(path: str | Path) -> int:
         match = _STEP_DIR.match(Path(path).name)
@@ -136,6 +180,11 @@ class CheckpointManager:
     # ---- saving ----
     def save(self, step: int, state: Mapping[str, Any]) -> Path:
         """Write `state` as checkpoint `step` atomically; prune to the newest `keep`. Returns its path."""
+        return self.write(self.snapshot(step, state))
+
+    def snapshot(self, step: int, state: Mapping[str, Any], *, copy: bool = False) -> HostSnapshot:
+        """`state` copied to the host: the only part of a save that must happen at the step boundary.
+        `copy`: host tensors are copied too (training goes on changing them while `write` runs)."""
         if not isinstance(state, Mapping):
             raise CheckpointError(
                 f"state is a {type(state).__name__}: it must be a dict with string keys (model, optimizer, ...)"
@@ -147,48 +196,67 @@ class CheckpointManager:
             )
         if int(step) < 0:
             raise CheckpointError(f"step={step!r} is not allowed: must be >= 0")
+        snap = HostSnapshot(int(step))
+        for part, value in state.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", part):
+                raise CheckpointError(
+                    f"state key {part!r} is not allowed: use letters, digits, '_', '-', '.'"
+                )
+            snap.structure[part], tensors = flatten_state(value)
+            if not tensors:
+                continue
+            if self.sharded and any(is_sharded_xla(t) for t in tensors.values()):
+                unique = unique_tensors(tensors)  # tied weights written once, as `load_dcp` reads them
+                snap.aliases[part] = {
+                    key: next(k for k in unique if unique[k] is t) for key, t in tensors.items()
+                }
+                snap.sharded[part] = host_shards(unique)
+            else:
+                snap.files[part] = host_tensors(tensors, copy=copy)
+        snap.structure = json.loads(json.dumps(snap.structure))  # a copy: later changes to `state` stay out
+        return snap
+
+    def write(self, snap: HostSnapshot) -> Path:
+        """Write a `snapshot` as its checkpoint, atomically (temporary directory, fsync, rename); prune
+        to the newest `keep`. Touches no device: it runs on a background thread while training goes on."""
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()
-        final = self.root / f"step-{int(step):08d}"
+        final = self.path_for(snap.step)
         tmp = self.root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            structure: dict[str, Any] = {}
             parts: dict[str, str] = {}
-            for part, value in state.items():
-                if not re.fullmatch(r"[A-Za-z0-9_.-]+", part):
-                    raise CheckpointError(
-                        f"state key {part!r} is not allowed: use letters, digits, '_', '-', '.'"
-                    )
-                sub_structure, tensors = flatten_state(value)
-                structure[part] = sub_structure
-                if not tensors:
-                    continue
-                sharded = self.sharded and any(is_sharded_xla(t) for t in tensors.values())
-                if sharded:  # a scanned model's layer views to the host once, DCP or fallback
-                    tensors = host_layer_views(tensors)
-                if sharded and save_dcp(tensors, tmp / f"{part}.dcp"):
+            digests: dict[str, str] = {}
+            files = dict(snap.files)
+            for part, shards in snap.sharded.items():
+                if save_dcp(shards, tmp / f"{part}.dcp"):
                     parts[part] = "dcp"
                 else:
-                    save_safetensors(host_tensors(tensors), tmp / f"{part}.safetensors")
-                    parts[part] = "safetensors"
+                    files[part] = {
+                        key: full_tensor(shards[unique]) for key, unique in snap.aliases[part].items()
+                    }
+            for part, tensors in files.items():
+                digests[f"{part}.safetensors"] = save_safetensors(tensors, tmp / f"{part}.safetensors")
+                parts[part] = "safetensors"
             payload = {
                 "format_version": FORMAT_VERSION,
-                "step": int(step),
+                "step": snap.step,
                 "parts": parts,
-                "state": structure,
+                "state": snap.structure,
             }
             (tmp / STATE_JSON).write_text(json.dumps(payload))
-            files = {}
-            for path in files_under(tmp):
-                fsync_file(path)
-                files[str(path.relative_to(tmp))] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
             manifest = {
                 "format_version": FORMAT_VERSION,
-                "step": int(step),
+                "workbench_version": WORKBENCH_VERSION,
+                "step": snap.step,
                 "created_unix": time.time(),
-                "files": files,
+                "files": {},
             }
+            for path in files_under(tmp):
+                fsync_file(path)
+                name = str(path.relative_to(tmp))
+                digest = digests.get(name) or sha256(path)
+                manifest["files"][name] = {"bytes": path.stat().st_size, "sha256": digest}
             (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
             fsync_file(tmp / MANIFEST)
             fsync_dir(tmp)
@@ -231,6 +299,7 @@ class CheckpointManager:
         """Keep the `keep` most recently written checkpoints; never the one just written."""
         others = [path for path in self.checkpoints() if path != keep_path]
         for path in others[: max(0, len(others) - (self.keep - 1))]:
+            (path / MANIFEST).unlink(missing_ok=True)  # first: a removal cut short leaves no "complete" husk
             shutil.rmtree(path, ignore_errors=True)
 
     # ---- loading ----
@@ -241,8 +310,11 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
         manifest_path = path / MANIFEST
         if not manifest_path.is_file():
+            complete = [p for p in self.checkpoints() if p != path] if path.parent == self.root else []
+            instead = f"; the newest complete one is {str(complete[-1])!r}" if complete else ""
             raise CheckpointError(
-                f"checkpoint {str(path)!r} is incomplete: it has no {MANIFEST} (the save did not finish)"
+                f"checkpoint {str(path)!r} is incomplete: it has no {MANIFEST} (its save did not finish: the "
+                f"process stopped while writing it). Delete it and resume from a complete checkpoint{instead}"
             )
         try:
             manifest = json.loads(manifest_path.read_text())
@@ -250,9 +322,15 @@ class CheckpointManager:
         except (ValueError, KeyError, TypeError) as err:
             raise CheckpointError(f"checkpoint {str(path)!r} has an unreadable {MANIFEST}: {err}") from None
         if manifest.get("format_version") != FORMAT_VERSION:
+            written_by = manifest.get("workbench_version")
+            install = (
+                f"pip install 'xla-workbench=={written_by}'" if written_by else "the workbench that wrote it"
+            )
             raise CheckpointError(
-                f"checkpoint {str(path)!r} has format_version={manifest.get('format_version')!r}; "
-                f"this workbench reads {FORMAT_VERSION}"
+                f"checkpoint {str(path)!r} was written by workbench {written_by or '(an earlier version)'} in "
+                f"checkpoint format {manifest.get('format_version')!r}; this workbench ({WORKBENCH_VERSION}) reads "
+                f"format {FORMAT_VERSION}: continue it with {install}, or start fresh with train.resume=false "
+                "or another train.checkpoint_dir"
             )
         for name, meta in files.items():
             file = path / name
@@ -269,6 +347,14 @@ class CheckpointManager:
                     f"checkpoint {str(path)!r}: {name} is corrupted (SHA-256 does not match the manifest)"
                 )
         return manifest
+
+    def saved_config(self, path: str | Path) -> dict[str, Any] | None:
+        """The run config a checkpoint was saved with (its ``config`` part), or None when it has none."""
+        try:
+            payload = json.loads((Path(path) / STATE_JSON).read_text())
+            return unflatten_state(payload["state"]["config"], {})
+        except (OSError, ValueError, KeyError, TypeError, CheckpointError):
+            return None
 
     def load(
         self, path: str | Path | None = None, *, into: Mapping[str, Any] | None = None

@@ -24,7 +24,7 @@ from workbench.models.layer_stack import (
 from workbench.train.checkpoint import CheckpointManager
 from workbench.train.lora import trainable_parameters
 from workbench.train.optim import load_optimizer_state
-from workbench.train.state_io import capture_rng, restore_rng
+from workbench.train.state_io import CheckpointError, capture_rng, restore_rng
 from workbench.train.stream import BatchInfo
 
 
@@ -139,8 +139,31 @@ class TrainingState:
             state["objective"] = self.objective.state_dict()
         return state
 
-    def load(self, checkpoints: CheckpointManager, path: Path) -> None:
-        """Restore from `path`; the optimizer state must already exist (sharded loads need destinations)."""
+    def nbytes(self) -> int:
+        """Bytes of tensor state a checkpoint of this run holds (the model tensors it saves, the optimizer
+        state): what a save's write is planned from before one has been timed."""
+        params = list(self.model.parameters())
+        saved = params if all(p.requires_grad for p in params) else [p for p in params if p.requires_grad]
+        moments = [
+            t for s in self.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+        ]
+        return sum(t.numel() * t.element_size() for t in [*saved, *moments])
+
+    def load(self, checkpoints: CheckpointManager, path: Path, config: dict[str, Any] | None = None) -> None:
+        """Restore from `path`; the optimizer state must already exist (sharded loads need destinations).
+        With the run's `config`, a checkpoint written for another model, LoRA or optimizer is refused
+        up front, naming the settings that differ; a load that fails on shapes names them too."""
+        differences = config_differences(checkpoints.saved_config(path), config) if config is not None else []
+        if differences:
+            raise CheckpointError(_mismatch(path, differences))
+        try:
+            self._load(checkpoints, path)
+        except CheckpointError:
+            raise
+        except (ValueError, RuntimeError, KeyError) as err:
+            raise CheckpointError(_mismatch(path, [f"{type(err).__name__}: {err}"])) from err
+
+    def _load(self, checkpoints: CheckpointManager, path: Path) -> None:
         into = {
             "model": model_state(self.model),
             "optimizer": expand_optimizer_state(self.optimizer, self.model),
@@ -162,3 +185,42 @@ class TrainingState:
             group["lr"] = lr
         self.loop.load_state_dict(state["loop"])
         restore_rng(state["rng"])
+
+
+_WEIGHT_SHAPE = (
+    "family",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+"""The model fields that fix its weights' shapes when it is built from the config (no pretrained_path)."""
+
+
+def config_differences(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """The settings a checkpoint's tensors depend on that differ between its run (`saved`) and this one:
+    the model's shape (for a model built from the config), the LoRA adapters and the optimizer."""
+    if not saved:
+        return []
+    fields_ = [("lora", "rank"), ("lora", "target_modules"), ("train", "optimizer")]
+    scratch = not saved.get("model", {}).get("pretrained_path") and not current["model"].get(
+        "pretrained_path"
+    )
+    if scratch:
+        fields_ += [("model", name) for name in _WEIGHT_SHAPE]
+    out = []
+    for section, name in fields_:
+        was, now = saved.get(section, {}).get(name), current.get(section, {}).get(name)
+        if was is not None and was != now:
+            out.append(f"{section}.{name}={was!r} there, {now!r} here")
+    return out
+
+
+def _mismatch(path: Path, what: list[str]) -> str:
+    return (
+        f"checkpoint {str(path)!r} was written by a run this one cannot continue ({'; '.join(what)}): "
+        "resume with the settings it was written with, or start fresh with train.resume=false or another "
+        "train.checkpoint_dir"
+    )

@@ -10,6 +10,7 @@ DCP's metadata classes, never with `pickle.load`.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import shutil
@@ -136,11 +137,11 @@ def files_under(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
-def host_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def host_tensors(tensors: Mapping[str, torch.Tensor], *, copy: bool = False) -> dict[str, torch.Tensor]:
     """Contiguous CPU tensors for writing: XLA tensors fetched in one batched transfer, shared storage
     un-shared. A tensor already on the CPU and contiguous comes back as it is, not copied (a save
-    needs no second copy of a host model): a caller that keeps the result while training goes on
-    must copy it.
+    needs no second copy of a host model), unless `copy` (a background save, which writes while
+    training goes on changing the live tensors).
 
     A stacked layer weight's per-layer views (``model.scan_layers``,
     `workbench.models.layer_stack.layer_slice_origin`) are sliced on the host: each stacked tensor
@@ -149,6 +150,7 @@ def host_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     keys = list(tensors)
     origins = [layer_slice_origin(t) for t in tensors.values()]
     values = [t.detach() for t in tensors.values()]
+    live = {i for i, t in enumerate(values) if copy and t.device.type == "cpu" and origins[i] is None}
     xla_idx = [i for i, t in enumerate(values) if t.device.type == "xla" and origins[i] is None]
     if xla_idx:
         fetched = runtime.to_cpu([values[i] for i in xla_idx])
@@ -166,13 +168,15 @@ def host_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
         del host
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for key, t in zip(keys, values):
-        t = t.to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr() if t.numel() else 0
-        if ptr and ptr in seen:  # tied weights: safetensors refuses tensors that share memory
-            t = t.clone()
+    for i, (key, t) in enumerate(zip(keys, values)):
+        host = t.to("cpu").contiguous()
+        ptr = host.untyped_storage().data_ptr() if host.numel() else 0
+        if (i in live and host is t) or (
+            ptr and ptr in seen
+        ):  # tied weights: safetensors refuses tensors that share memory
+            host = host.clone()
         seen.add(ptr)
-        out[key] = t
+        out[key] = host
     return out
 
 
@@ -192,10 +196,69 @@ def is_sharded_xla(t: torch.Tensor) -> bool:
     return t.device.type == "xla" and bool(runtime.sharding_spec(t))
 
 
-def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    from safetensors.torch import save_file
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+}
+_BLOCK_BYTES = 16 * 1024 * 1024
 
-    save_file(tensors, str(path), metadata={"format": "pt"})
+
+def write_block(handle: Any, block: memoryview | bytes) -> None:
+    """Write one block of a checkpoint file (the one place a safetensors file's bytes go out: a bench
+    wraps it to simulate a slow target such as a Drive mount)."""
+    handle.write(block)
+
+
+def save_safetensors(tensors: Mapping[str, torch.Tensor], path: Path) -> str:
+    """Write contiguous CPU `tensors` as a safetensors file, in blocks, hashing as it goes; returns the
+    file's SHA-256 (the manifest's digest without reading the file back).
+
+    Written here rather than by `safetensors.torch.save_file`, which builds the whole file in memory
+    while holding the GIL: a background save would stall the training thread for its length. File
+    writes and hashing release the GIL, so the training loop runs between blocks."""
+    entries: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _SAFETENSORS_DTYPES:
+            raise CheckpointError(f"cannot write tensor {name!r} of dtype {tensor.dtype} to safetensors")
+        size = tensor.numel() * tensor.element_size()
+        entries[name] = {
+            "dtype": _SAFETENSORS_DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # the data starts 8-byte aligned, as the format asks
+    digest = hashlib.sha256()
+    with open(path, "wb") as handle:
+        for block in _file_blocks(header, tensors):
+            digest.update(block)
+            write_block(handle, block)
+    return digest.hexdigest()
+
+
+def _file_blocks(header: bytes, tensors: Mapping[str, torch.Tensor]) -> Any:
+    yield len(header).to_bytes(8, "little") + header
+    for tensor in tensors.values():
+        if not tensor.numel():
+            continue
+        raw = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+        for start in range(0, len(raw), _BLOCK_BYTES):
+            yield raw[start : start + _BLOCK_BYTES]
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -211,7 +274,7 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
 # ---- torch.distributed.checkpoint (SPMD) ---------------------------------------------------------
 
 
-def _unique_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def unique_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """One key per tensor object: tied weights (lm_head = embed_tokens) are written and read once."""
     seen: set[int] = set()
     out = {}
@@ -222,21 +285,47 @@ def _unique_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
-def save_dcp(tensors: dict[str, torch.Tensor], directory: Path) -> bool:
-    """Write through DCP and check its index holds every tensor; False (nothing left behind) if not.
+def host_shards(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """What a sharded save writes, copied to the host: each sharded XLA tensor as its local shards
+    (`runtime.local_shards_to_cpu`, one transfer), a stacked layer weight's views sliced on the host,
+    other XLA tensors fetched, host tensors copied (training goes on changing them)."""
+    values = dict(host_layer_views(tensors))
+    sharded = [key for key, t in values.items() if is_sharded_xla(t)]
+    for key, shards in zip(sharded, runtime.local_shards_to_cpu([values[key] for key in sharded])):
+        # a replicated tensor's shard is the whole tensor (torch_xla's planner takes no shard of it)
+        replicated = any(shard.indices is Ellipsis for shard in shards.shards)
+        values[key] = shards.shards[0].data if replicated else shards
+    rest = {key: t for key, t in values.items() if isinstance(t, torch.Tensor) and key not in sharded}
+    values.update(host_tensors(rest, copy=True))
+    return values
+
+
+def full_tensor(value: Any) -> torch.Tensor:
+    """A host tensor, or the whole tensor put together from `host_shards`' local shards."""
+    if isinstance(value, torch.Tensor):
+        return value
+    first = value.shards[0].data
+    full = torch.empty(tuple(value.global_shape), dtype=first.dtype)
+    for shard in value.shards:
+        full[shard.indices if shard.indices is Ellipsis else tuple(shard.indices)] = shard.unpadded_data
+    return full
+
+
+def save_dcp(shards: dict[str, Any], directory: Path) -> bool:
+    """Write `host_shards`' output through DCP and check its index holds every tensor; False (nothing
+    left behind) if not.
 
     torch_xla 2.9's SPMD planner silently leaves out tensors that are sharded *and* partially
     replicated (a data x fsdp mesh with data > 1) when one process holds all devices; such
-    parts go to safetensors as full tensors instead (correct, just not sharded on disk).
-    A scanned model's per-layer views are written as full CPU tensors (they carry no sharding).
+    parts go to safetensors as full tensors instead (`full_tensor`: correct, just not sharded on
+    disk). A scanned model's per-layer views are written as full CPU tensors (they carry no sharding).
     """
     import torch.distributed.checkpoint as dcp
 
-    unique = host_layer_views(_unique_tensors(tensors))
     directory.mkdir()
-    dcp.save(unique, storage_writer=dcp.FileSystemWriter(str(directory)), planner=runtime.spmd_save_planner())
+    dcp.save(shards, storage_writer=dcp.FileSystemWriter(str(directory)), planner=runtime.spmd_save_planner())
     written = set(_dcp_reader(directory).read_metadata().state_dict_metadata)
-    if set(unique) <= written:
+    if set(shards) <= written:
         return True
     shutil.rmtree(directory)
     return False
@@ -312,7 +401,7 @@ def load_dcp(targets: dict[str, torch.Tensor], directory: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     dcp.load(
-        _unique_tensors(targets), storage_reader=_dcp_reader(directory), planner=runtime.spmd_load_planner()
+        unique_tensors(targets), storage_reader=_dcp_reader(directory), planner=runtime.spmd_load_planner()
     )
 
 

@@ -10,7 +10,9 @@ What each component owns (and documents):
 - ``warmup.py``: compile every step program first, then restore the state exactly.
 - ``oom.py``: the out-of-memory policy (halve the micro-batch, same effective batch).
 - ``ladder.py``: the batch sizes dynamic batching grows through, planned up front.
-- `CheckpointManager` (``checkpoint.py``): atomic, verified checkpoints, sharded under SPMD.
+- `RunCheckpoints` (``run_checkpoints.py``): when a save is due (steps or time) and its write on a
+  background thread; `CheckpointManager` (``checkpoint.py``): atomic, verified, sharded under SPMD.
+- `TimeBudget` (``clock.py``): ``train.time_limit``, a clean stop with a complete checkpoint before it.
 - `StepProfiler` (`workbench.analysis.profiler`): the metrics of each log interval, read
   after the step's sync (loss and grad norm: two device->host transfers per interval, none
   between), and advice.
@@ -43,16 +45,18 @@ from workbench.models.scan import choose_scan, install_scan, scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
 from workbench.train import warmup
-from workbench.train.checkpoint import CheckpointManager
+from workbench.train.clock import ThroughputClock, TimeBudget
 from workbench.train.distill import DistillationObjective, DistillSettings
 from workbench.train.ladder import batch_ladder
 from workbench.train.lora import apply_lora, save_model
 from workbench.train.objective import CausalLMObjective, LossChunking
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import build_optimizer, warmup_cosine
+from workbench.train.run_checkpoints import RunCheckpoints
 from workbench.train.state import LoopState, TrainingState
 from workbench.train.step import StepEngine
 from workbench.train.stream import DeviceStream, TrainingData
+from workbench.units import duration_or_none
 
 Callback = Callable[[RunMetrics], None]
 
@@ -78,42 +82,13 @@ class TrainResult:
     """Programs compiled during warm-up (prewarm)."""
     notices: list[str] = field(default_factory=list)
     """What the trainer decided on its own (hardware fallback, OOM retries, batch growth)."""
+    time_limited: bool = False
+    """The run stopped before ``train.steps`` because ``train.time_limit`` was near (re-run to resume)."""
 
     @property
     def eval_perplexity(self) -> float | None:
         """exp(eval_loss), if an eval ran."""
         return perplexity(self.eval_loss)
-
-
-class ThroughputClock:
-    """Real tokens per second of training: from the end of the first step, less evals and saves
-    (whose time, and on XLA whose compiles, are kept apart from the training steps')."""
-
-    def __init__(self, xla: bool) -> None:
-        self.xla, self.start, self.tokens, self.paused_s, self.paused_compiles = xla, None, 0, 0.0, 0
-
-    def step_done(self, tokens: int) -> None:
-        if self.start is None:
-            # XLA runs a step asynchronously after its sync: wait for the first one, once per run,
-            # or its tail would be billed to the timed steps.
-            if self.xla:
-                runtime.wait_device_ops()
-            self.start = time.perf_counter()
-        else:
-            self.tokens += tokens
-
-    def paused(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` (an eval, a save) outside the timed window."""
-        start, compiles = time.perf_counter(), runtime.compile_count() if self.xla else 0
-        try:
-            return fn()
-        finally:
-            self.paused_s += time.perf_counter() - start
-            self.paused_compiles += runtime.compile_count() - compiles if self.xla else 0
-
-    def tokens_per_s(self, end: float) -> float | None:
-        elapsed = end - self.start - self.paused_s if self.start is not None else 0.0
-        return self.tokens / elapsed if elapsed > 0 and self.tokens else None
 
 
 class Trainer:
@@ -137,6 +112,7 @@ class Trainer:
         teacher: torch.nn.Module | None = None,
     ) -> None:
         train = cfg.train
+        self.budget = TimeBudget(duration_or_none(train.time_limit))  # the session's time counts from here
         self.cfg, self.callbacks = cfg, list(callbacks)
         self.hw = hardware or detect(train.device_type)
         self.compile_cache = cache = enable_compile_cache(train.compile_cache_dir, self.hw)  # before compiles
@@ -187,13 +163,14 @@ class Trainer:
         self.training_state = TrainingState(
             self.model, self.objective, self.optimizer, self.scheduler, self.loop, self.xla
         )
-        self.checkpoints = checkpoint_manager(train, sharded=self.mesh is not None)
+        self.checkpoints = (
+            RunCheckpoints(train, sharded=self.mesh is not None) if train.checkpoint_dir else None
+        )
+        if self.checkpoints is not None:
+            self.checkpoints.on_saved = self.budget.save_done
         self.history: list[RunMetrics] = []
-        self.checkpoint_path: str | None = None
         self.last_eval_loss: float | None = None
         self.ladder: list[int] = [train.batch_size]
-        self._checkpointed_step: int | None = None
-        """The step the last checkpoint saved or loaded holds (no need to save it again)."""
         self._stream: DeviceStream | None = None
 
     def _notice(self, message: str) -> None:
@@ -218,29 +195,18 @@ class Trainer:
         """Compile every step program before training (XLA only); returns programs compiled."""
         if not (self.xla and self.cfg.train.prewarm):
             return 0
-        before = runtime.compile_count()
         template, _ = self._stream.next()  # a real batch: which keys, dtypes and layout a batch has
         self._open_stream()  # put it back: the stream restarts at the same position
-        snap = warmup.snapshot(self.engine)
         evals = bool(self.cfg.train.eval_every) and self.data.eval_dataset is not None
-
-        def compile_all() -> None:
-            warmup.compile_step_programs(
-                self.engine,
-                self.data,
-                template,
-                batch_sizes=self.ladder,
-                grad_accum=self.cfg.train.grad_accum,
-                evals=evals,
-            )
-
-        def shrink(err: BaseException) -> bool:
-            warmup.restore(self.engine, snap)
-            return self._halve_micro_batches(err)
-
-        retry_on_oom(compile_all, shrink)
-        warmup.restore(self.engine, snap)
-        return runtime.compile_count() - before
+        return warmup.warm_up(
+            self.engine,
+            self.data,
+            template,
+            batch_sizes=self.ladder,
+            grad_accum=self.cfg.train.grad_accum,
+            evals=evals,
+            on_oom=self._halve_micro_batches,
+        )
 
     def _halve_micro_batches(self, err: BaseException) -> bool:
         """The out-of-memory policy: twice the micro-batches per batch, when they still split over the mesh."""
@@ -281,12 +247,16 @@ class Trainer:
         """Everything a resume needs, as a nested dict for `CheckpointManager.save`."""
         return self.training_state.state_dict(self.cfg.to_dict())
 
-    def save_checkpoint(self) -> Path:
+    @property
+    def checkpoint_path(self) -> str | None:
+        """The last checkpoint saved or resumed from."""
+        return self.checkpoints.path if self.checkpoints is not None else None
+
+    def save_checkpoint(self, wait: bool = True) -> Path:
+        """Checkpoint this step: complete on return, or written in the background with ``wait=False``."""
         if self.checkpoints is None:
             raise ValueError("train.checkpoint_dir is not set")
-        path = self.checkpoints.save(self.loop.step, self.state())
-        self.checkpoint_path, self._checkpointed_step = str(path), self.loop.step
-        return path
+        return self.checkpoints.save(self.loop.step, self.state, wait=wait)
 
     def load_checkpoint(self, path: str | Path | None = None) -> Path:
         """Restore model, optimizer, scheduler, data position, RNG and step from a checkpoint."""
@@ -296,8 +266,8 @@ class Trainer:
         if path is None:
             raise ValueError(f"no checkpoint under {self.cfg.train.checkpoint_dir!r}")
         self.engine.init_optimizer_state()  # so sharded loads have (sharded) destinations
-        self.training_state.load(self.checkpoints, path)
-        self.checkpoint_path, self._checkpointed_step = str(path), self.loop.step
+        self.training_state.load(self.checkpoints.manager, path, self.cfg.to_dict())
+        self.checkpoints.loaded(path, self.loop.step)
         self._notice(f"resumed from {path} at step {self.loop.step}")
         return path
 
@@ -325,17 +295,23 @@ class Trainer:
         compiles_before = runtime.compile_count() if self.xla else 0
         self.profiler = make_profiler(self, prewarmed=warm > 0)
         clock, bar = ThroughputClock(self.xla), _progress_bar(train, initial=self.loop.step)
+        self.budget.expect_saves(self.training_state.nbytes() if self.checkpoints is not None else None)
         try:
-            while self.loop.step < train.steps:
+            while self.loop.step < train.steps and not self._out_of_time():
                 self._step(clock, bar, warm)
         finally:
             bar.close()
             self._close_stream()
+            if self.checkpoints is not None:
+                self.checkpoints.wait()  # a write in flight completes, even when training failed
         if self.xla:
             runtime.wait_device_ops()
         tokens_per_s = clock.tokens_per_s(time.perf_counter())
-        if self.checkpoints is not None and self._checkpointed_step != self.loop.step:
+        if self.checkpoints is not None and self.checkpoints.step != self.loop.step:
             clock.paused(self.save_checkpoint)  # the final state, unless the loop (or a resume) has it
+        stopped = self.loop.step < train.steps
+        if stopped:
+            self._notice(self.budget.stop_notice(self.loop.step, train.steps, self.checkpoint_path))
         step_compiles = runtime.compile_count() - compiles_before - clock.paused_compiles if self.xla else 0
         return TrainResult(
             history=self.history,
@@ -347,7 +323,15 @@ class Trainer:
             steps=self.loop.step,
             warmup_compiles=warm,
             notices=[*self.notices, *self.compile_cache.run_notices()],  # what the cache saved, read once
+            time_limited=stopped,
         )
+
+    def _out_of_time(self) -> bool:
+        """Whether ``train.time_limit`` leaves no room for another step, its eval and a final save."""
+        evals = self.data.eval_dataset is not None and self._due(
+            self.cfg.train.eval_every, self.loop.step + 1
+        )
+        return self.budget.must_stop(eval_next=evals)
 
     def _step(self, clock: ThroughputClock, bar: Any, warm: int) -> None:
         """One optimizer step: take its batches, run it, count it; then eval, log and save when due."""
@@ -362,7 +346,7 @@ class Trainer:
         self.engine.sync()
         clock.step_done(tokens)
         evaluating = self._due(train.eval_every) and self.data.eval_dataset is not None
-        eval_loss = clock.paused(self.evaluate) if evaluating else None
+        eval_loss = self.budget.timed_eval(lambda: clock.paused(self.evaluate)) if evaluating else None
         is_log = self._due(train.log_every) or loop.step == train.steps
         # the profiler reads the loss and grad norm only at log steps, after the step's sync
         metrics = self.profiler.step(
@@ -377,26 +361,17 @@ class Trainer:
         )
         if metrics is not None:
             self._report(metrics, warm, bar)
-        if self.checkpoints is not None and self._due(train.checkpoint_every):
-            clock.paused(self.save_checkpoint)
+        if self.checkpoints is not None and self.checkpoints.due(loop.step):
+            clock.paused(lambda: self.save_checkpoint(wait=False))
             self.profiler.exclude_compiles()  # a save's programs are not a recompilation of the step
             if is_log:  # keep the save's time and host copies out of the next interval's figures
                 self.profiler.reset_clock()
 
-    def _due(self, every: int | None) -> bool:
-        return bool(every) and self.loop.step % every == 0
+    def _due(self, every: int | None, step: int | None = None) -> bool:
+        return bool(every) and (self.loop.step if step is None else step) % every == 0
 
     def _report(self, interval: IntervalMetrics, warm: int, bar: Any) -> None:
-        # completed in place, so the profiler's history holds the run's step numbers too
-        metrics = cast(RunMetrics, interval)
-        metrics.update(
-            step=self.loop.step,  # the optimizer step, also across resumes
-            tokens_seen=self.loop.tokens_seen,
-            warmup_compiles=warm,
-            batch_size=self.loop.batch_size,
-            micro_batch=self.loop.batch_size // self.loop.split,
-            grad_accum=self.engine.micro_steps,
-        )
+        metrics = run_metrics(self, interval, warm)
         self.history.append(metrics)
         for callback in self.callbacks:
             callback(metrics)
@@ -406,15 +381,34 @@ class Trainer:
 
     def _maybe_grow_batch(self) -> None:
         every, loop = self.cfg.train.dynamic_batch_every, self.loop
-        if not every or loop.step == 0 or loop.step % every:
-            return
         bigger = [b for b in self.ladder if b > loop.batch_size]
-        if not bigger:
+        if not every or loop.step == 0 or loop.step % every or not bigger:
             return
         old = loop.batch_size
         loop.resize_batch(bigger[0])
         self._open_stream()
         self._notice(f"dynamic batch: step {loop.step}: batch {old} -> {loop.batch_size}")
+
+
+def run_metrics(trainer: Trainer, interval: IntervalMetrics, warm: int) -> RunMetrics:
+    """The interval's metrics completed with the run's own (in place, so the profiler's history holds
+    the run's step numbers too): position, batch layout, time budget, the last save's stall."""
+    loop, train, checkpoints = trainer.loop, trainer.cfg.train, trainer.checkpoints
+    metrics = cast(RunMetrics, interval)
+    metrics.update(
+        step=loop.step,  # the optimizer step, also across resumes
+        tokens_seen=loop.tokens_seen,
+        warmup_compiles=warm,
+        batch_size=loop.batch_size,
+        micro_batch=loop.batch_size // loop.split,
+        grad_accum=trainer.engine.micro_steps,
+        time_left_s=trainer.budget.left(),
+        planned_stop_step=trainer.budget.planned_stop_step(
+            loop.step, train.steps, eval_every=train.eval_every
+        ),
+        checkpoint_stall_s=checkpoints.stall_s if checkpoints is not None else None,
+    )
+    return metrics
 
 
 def prepare_model(
@@ -454,13 +448,6 @@ def prepare_model(
     if scan:  # after LoRA: the scanned layers hold the adapters
         install_scan(model, remat=train.gradient_checkpointing)
     return model
-
-
-def checkpoint_manager(train: Any, *, sharded: bool) -> CheckpointManager | None:
-    """Checkpoints under ``train.checkpoint_dir`` (None when it is not set); sharded under SPMD."""
-    if not train.checkpoint_dir:
-        return None
-    return CheckpointManager(train.checkpoint_dir, keep=train.keep_checkpoints, sharded=sharded)
 
 
 def precision_notices(train: Any, hw: HardwareInfo) -> list[str]:

@@ -29,6 +29,7 @@ from workbench.data.bucket_choice import BucketChoice
 from workbench.data.buckets import round_up
 from workbench.data.loader import dataset_lengths, plan_for_config, prewarm, synthetic_batch
 from workbench.data.sampler import batch_rows
+from workbench.train.oom import retry_on_oom
 from workbench.train.optim import restore_optimizer_scalars
 from workbench.train.state_io import capture_rng, flatten_state, host_tensors, restore_rng, unflatten_state
 from workbench.train.step import StepEngine
@@ -49,10 +50,8 @@ def _live_state(engine: StepEngine) -> dict[str, Any]:
 def snapshot(engine: StepEngine) -> dict[str, Any]:
     """A host copy of everything a warm-up step changes."""
     structure, tensors = flatten_state(_live_state(engine))
-    host = host_tensors(tensors)
-    # Tensors already on the host (AdamW's step counters) come back as themselves: copy them,
-    # or the warm-up steps would advance the "snapshot" too.
-    host = {k: (v.clone() if tensors[k].device.type == "cpu" else v) for k, v in host.items()}
+    # copied: tensors already on the host (AdamW's step counters) would otherwise advance with the warm-up
+    host = host_tensors(tensors, copy=True)
     return {
         "structure": structure,
         "tensors": host,
@@ -76,6 +75,36 @@ def restore(engine: StepEngine, snap: dict[str, Any]) -> None:
     restore_rng(snap["rng"])
     engine.clear()
     engine.sync()
+
+
+def warm_up(
+    engine: StepEngine,
+    data: TrainingData,
+    template: dict[str, torch.Tensor],
+    *,
+    batch_sizes: list[int],
+    grad_accum: int,
+    evals: bool,
+    on_oom: Callable[[BaseException], bool],
+) -> int:
+    """Compile every step program (`compile_step_programs`) and put the state back exactly; an
+    out-of-memory error restores the state and asks `on_oom` (the trainer's policy: halve the
+    micro-batch) whether to try again. Returns the programs compiled."""
+    before = runtime.compile_count()
+    snap = snapshot(engine)
+
+    def compile_all() -> None:
+        compile_step_programs(
+            engine, data, template, batch_sizes=batch_sizes, grad_accum=grad_accum, evals=evals
+        )
+
+    def shrink(err: BaseException) -> bool:
+        restore(engine, snap)
+        return on_oom(err)
+
+    retry_on_oom(compile_all, shrink)
+    restore(engine, snap)
+    return runtime.compile_count() - before
 
 
 def compile_step_programs(

@@ -1,0 +1,263 @@
+"""Installed versions against what works together: Python, torch, torch_xla, libtpu, the project's pins.
+
+The failure people meet most after a ``pip install`` in a notebook: something upgraded torch
+and the runtime's torch_xla, built against the old one, now dies on import with ``_XLAC ...
+undefined symbol``. torch_xla must have torch's major.minor, and on a TPU the libtpu that
+torch_xla pins (``libtpu==...; extra == "tpu"`` in its metadata). Every version here is read
+from package metadata (`InstalledPackages`), never by importing the package, so these checks
+run, and name the pip line, precisely when importing torch_xla would crash.
+
+transformers, peft and datasets are compared with the project's own pins (its metadata, or
+pyproject.toml in a checkout that is not installed); the notebook libraries (ipykernel,
+ipywidgets, anywidget, plotly) only warn when missing: the headless package runs without them.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+from typing import Any
+
+from workbench.doctor.checks import Check
+from workbench.doctor.roots import PROJECT, InstalledPackages, canonical_name
+
+RESTART = "then restart Python (in Colab: Runtime > Restart session)"
+LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
+LIBTPU_RELEASES = "https://storage.googleapis.com/libtpu-releases/index.html"
+"""Where libtpu-nightly wheels live (the registry has only the stable `libtpu`)."""
+PINNED_LIBRARIES = ("transformers", "peft", "datasets")
+NOTEBOOK_LIBRARIES = ("ipykernel", "ipywidgets", "anywidget", "plotly")
+
+
+def _packaging() -> Any:
+    """The `packaging` library (a dependency of transformers and pip), or None where it is missing."""
+    try:
+        import packaging.requirements
+        import packaging.specifiers
+        import packaging.version
+
+        return packaging
+    except ImportError:
+        return None
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string: ``2.9.0+cu128`` -> (2, 9, 0); () when there is none."""
+    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
+
+
+def public_version(version: str) -> str:
+    """`version` without its local build tag (``2.9.0+cu128`` -> ``2.9.0``): what pip can install."""
+    return version.split("+", 1)[0]
+
+
+def _series(version: str) -> str:
+    """``2.9.*`` for ``2.9.1+cu128``: any release of that major.minor (a patch of torch may have no torch_xla twin)."""
+    return ".".join(map(str, release(version)[:2])) + ".*"
+
+
+def _pins(packages: InstalledPackages, extra: str | None) -> dict[str, Any]:
+    """The project's requirements (base ones for `extra` None, else that extra's), by canonical name."""
+    pkg = _packaging()
+    if pkg is None:
+        return {}
+    found: dict[str, Any] = {}
+    for text in packages.requires(PROJECT):
+        try:
+            requirement = pkg.requirements.Requirement(text)
+        except pkg.requirements.InvalidRequirement:
+            continue
+        if extra is None:
+            wanted = requirement.marker is None or requirement.marker.evaluate({"extra": ""})
+        else:
+            wanted = requirement.marker is not None and requirement.marker.evaluate({"extra": extra})
+        if wanted:
+            found[canonical_name(requirement.name)] = requirement
+    return found
+
+
+def _satisfies(requirement: Any, version: str) -> bool:
+    """Whether `version` meets `requirement`'s specifier (True when the version cannot be parsed)."""
+    pkg = _packaging()
+    try:
+        return bool(requirement.specifier.contains(version, prereleases=True))
+    except pkg.version.InvalidVersion:
+        return True
+
+
+def _spec(requirement: Any) -> str:
+    """``transformers<6,>=4.57``: the requirement without its marker, as pip takes it."""
+    extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+    return f"{requirement.name}{extras}{requirement.specifier}"
+
+
+def python_check(packages: InstalledPackages, running: str | None = None) -> Check:
+    """The running Python against the project's ``Requires-Python``."""
+    running = running or platform.python_version()
+    wanted = packages.requires_python(PROJECT)
+    pkg = _packaging()
+    if not wanted or pkg is None:
+        return Check("python", "ok", running)
+    specifier = pkg.specifiers.SpecifierSet(wanted)
+    if specifier.contains(running, prereleases=True):
+        return Check("python", "ok", f"{running} (the project needs {wanted})")
+    return Check(
+        "python",
+        "fail",
+        f"{running}, but {PROJECT} needs Python {wanted}",
+        f"run on a Python {wanted} (e.g. `uv venv --python 3.11`, or a newer notebook runtime)",
+    )
+
+
+def torch_checks(packages: InstalledPackages, *, tpu: bool) -> list[Check]:
+    """torch, torch_xla (same major.minor as torch) and libtpu (the version torch_xla pins)."""
+    torch, xla = packages.version("torch"), packages.version("torch_xla")
+    return [
+        _torch_check(packages, torch, xla),
+        _xla_check(torch, xla, tpu=tpu),
+        _libtpu_check(packages, xla, tpu=tpu),
+    ]
+
+
+def _torch_check(packages: InstalledPackages, torch: str | None, xla: str | None) -> Check:
+    if torch is not None:
+        return Check("torch", "ok", torch)
+    if xla is not None:
+        fix = f"pip install torch=={public_version(xla)} (the torch your torch_xla {xla} was built for), {RESTART}"
+    else:
+        pinned = _pins(packages, "xla-cpu").get("torch")
+        fix = f"pip install {_spec(pinned) if pinned else 'torch'}"
+    return Check("torch", "fail", "not installed: nothing can train", fix)
+
+
+def _xla_check(torch: str | None, xla: str | None, *, tpu: bool) -> Check:
+    if xla is None:
+        if tpu and torch is not None:
+            return Check(
+                "torch_xla",
+                "fail",
+                "not installed, but this machine has a TPU: without torch_xla it stays unused",
+                f'pip install "torch_xla[tpu]=={_series(torch)}" (the release series of torch {torch}), {RESTART}',
+            )
+        return Check("torch_xla", "ok", "not installed: runs on CUDA or the CPU (XLA:CPU needs torch_xla)")
+    if torch is None:
+        return Check("torch_xla", "fail", f"{xla} without torch", f"pip install torch=={public_version(xla)}")
+    if release(torch)[:2] != release(xla)[:2]:
+        pair = public_version(xla)
+        tpu_extra = "[tpu]" if tpu else ""
+        return Check(
+            "torch_xla",
+            "fail",
+            f"{xla} with torch {torch}: torch_xla needs the torch of its own major.minor "
+            "(importing it fails with `_XLAC ... undefined symbol`)",
+            f'pip install torch=={pair} "torch_xla{tpu_extra}=={pair}", {RESTART}',
+        )
+    return Check("torch_xla", "ok", f"{xla} (matches torch {torch})")
+
+
+def _libtpu_pin(packages: InstalledPackages) -> Any:
+    """The libtpu requirement torch_xla declares for its ``tpu`` extra, or None."""
+    pkg = _packaging()
+    if pkg is None:
+        return None
+    for text in packages.requires("torch_xla"):
+        try:
+            requirement = pkg.requirements.Requirement(text)
+        except pkg.requirements.InvalidRequirement:
+            continue
+        if canonical_name(requirement.name) not in LIBTPU_DISTRIBUTIONS:
+            continue
+        if requirement.marker is None or requirement.marker.evaluate({"extra": "tpu"}):
+            return requirement
+    return None
+
+
+def _libtpu_check(packages: InstalledPackages, xla: str | None, *, tpu: bool) -> Check:
+    installed = next(
+        ((name, v) for name in LIBTPU_DISTRIBUTIONS if (v := packages.version(name)) is not None), None
+    )
+    have = f"{installed[0]} {installed[1]}" if installed else "not installed"
+    if not tpu:
+        return Check("libtpu", "ok", f"{have} (only a TPU needs it)")
+    if xla is None:
+        return Check("libtpu", "ok", f"{have} (torch_xla, which pins it, is not installed)")
+    pin = _libtpu_pin(packages)
+    if pin is None:
+        if installed:
+            return Check("libtpu", "ok", f"{have} (torch_xla {xla} declares no libtpu pin)")
+        return Check(
+            "libtpu",
+            "fail",
+            f"not installed: torch_xla {xla} cannot reach the TPU without it",
+            f'pip install "torch_xla[tpu]=={public_version(xla)}", {RESTART}',
+        )
+    finder = f" -f {LIBTPU_RELEASES}" if canonical_name(pin.name) == "libtpu-nightly" else ""
+    fix = f'pip install "{_spec(pin)}"{finder}, {RESTART}'
+    if installed is None:
+        return Check("libtpu", "fail", f"not installed: torch_xla {xla} needs {_spec(pin)}", fix)
+    if canonical_name(installed[0]) != canonical_name(pin.name) or not _satisfies(pin, installed[1]):
+        return Check(
+            "libtpu",
+            "fail",
+            f"{have}, but torch_xla {xla} needs {_spec(pin)} (another libtpu fails to start the TPU "
+            "or crashes in it)",
+            fix,
+        )
+    return Check("libtpu", "ok", f"{have} (what torch_xla {xla} pins)")
+
+
+def library_checks(packages: InstalledPackages) -> list[Check]:
+    """transformers, peft and datasets against the project's pins (missing or outside: fail)."""
+    pins = _pins(packages, None)
+    checks = []
+    for name in PINNED_LIBRARIES:
+        version, pin = packages.version(name), pins.get(canonical_name(name))
+        wanted = _spec(pin) if pin is not None else name
+        if version is None:
+            checks.append(
+                Check(name, "fail", f"not installed ({PROJECT} needs {wanted})", f'pip install "{wanted}"')
+            )
+        elif pin is not None and not _satisfies(pin, version):
+            checks.append(
+                Check(
+                    name,
+                    "fail",
+                    f"{version}, outside the project's {wanted}",
+                    f'pip install "{wanted}", {RESTART}',
+                )
+            )
+        else:
+            checks.append(
+                Check(name, "ok", version + (f" (the project needs {wanted})" if pin is not None else ""))
+            )
+    return checks
+
+
+def notebook_check(packages: InstalledPackages) -> Check:
+    """The notebook libraries (a kernel and the widget stack): warn when one is missing or too old."""
+    pins = {**_pins(packages, "notebook"), **_pins(packages, "widgets")}
+    seen, wrong = [], []
+    for name in NOTEBOOK_LIBRARIES:
+        version, pin = packages.version(name), pins.get(canonical_name(name))
+        if version is None or (pin is not None and not _satisfies(pin, version)):
+            wrong.append(_spec(pin) if pin is not None else name)
+        seen.append(f"{name} {version or 'missing'}")
+    if not wrong:
+        return Check("notebook libraries", "ok", ", ".join(seen))
+    return Check(
+        "notebook libraries",
+        "warn",
+        f"{', '.join(seen)}: the widgets and notebooks need {', '.join(wrong)} (the headless package does not)",
+        "pip install " + " ".join(f'"{spec}"' for spec in wrong),
+    )
+
+
+def version_checks(packages: InstalledPackages, *, tpu: bool) -> list[Check]:
+    """Every version check, in the order a reader fixes them."""
+    return [
+        python_check(packages),
+        *torch_checks(packages, tpu=tpu),
+        *library_checks(packages),
+        notebook_check(packages),
+    ]

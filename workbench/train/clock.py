@@ -1,0 +1,159 @@
+"""The run's clocks: the throughput window (`ThroughputClock`) and the time budget (`TimeBudget`).
+
+Notebook sessions end: Colab disconnects long runtimes, Kaggle caps a TPU session at hours. With
+``train.time_limit`` the run measures its own steps, evals and saves and stops before the limit
+with its last checkpoint complete, so a re-run resumes where it stopped instead of losing the
+session's work to a kill in the middle of a step or a write.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from workbench.backend import runtime
+from workbench.units import format_duration
+
+SAFETY = 1.25
+"""Every measured duration is planned at this multiple: steps and writes vary (a busy host, a slow mount)."""
+ASSUMED_WRITE_BYTES_PER_S = 50e6
+"""Checkpoint write speed assumed before the run has timed a save of its own (a slow Drive mount writes
+at tens of MB/s); replaced by the slowest save measured once there is one."""
+ASSUMED_SAVE_OVERHEAD_S = 2.0
+"""Fixed cost assumed for a save not yet measured: directories, fsyncs, the manifest."""
+
+
+class ThroughputClock:
+    """Real tokens per second of training: from the end of the first step, less evals and saves
+    (whose time, and on XLA whose compiles, are kept apart from the training steps')."""
+
+    def __init__(self, xla: bool) -> None:
+        self.xla, self.start, self.tokens, self.paused_s, self.paused_compiles = xla, None, 0, 0.0, 0
+
+    def step_done(self, tokens: int) -> None:
+        if self.start is None:
+            # XLA runs a step asynchronously after its sync: wait for the first one, once per run,
+            # or its tail would be billed to the timed steps.
+            if self.xla:
+                runtime.wait_device_ops()
+            self.start = time.perf_counter()
+        else:
+            self.tokens += tokens
+
+    def paused(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` (an eval, a save) outside the timed window."""
+        start, compiles = time.perf_counter(), runtime.compile_count() if self.xla else 0
+        try:
+            return fn()
+        finally:
+            self.paused_s += time.perf_counter() - start
+            self.paused_compiles += runtime.compile_count() - compiles if self.xla else 0
+
+    def tokens_per_s(self, end: float) -> float | None:
+        elapsed = end - self.start - self.paused_s if self.start is not None else 0.0
+        return self.tokens / elapsed if elapsed > 0 and self.tokens else None
+
+
+class TimeBudget:
+    """``train.time_limit``: when the run must stop so that its last checkpoint is written before the limit.
+
+    The limit counts from `start` (the `Trainer`'s creation: loading, warm-up and compiles are part
+    of the session's time). Before each step the loop asks `must_stop`: one more iteration (the
+    slowest of the recent ones, callbacks and a save's host copy included), the eval due after it
+    and the final save (the slowest measured, or an assumption from the state's size) must fit in
+    what is left, each at `SAFETY` times its measure.
+    Host clock only: nothing here reads the device.
+    """
+
+    def __init__(
+        self,
+        limit_s: float | None,
+        *,
+        start: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit_s, self.clock = limit_s, clock
+        self.start = clock() if start is None else start
+        self.steps: deque[float] = deque(maxlen=16)
+        """The recent iterations' times: a step and whatever ran beside it (callbacks, a save's copy), evals apart."""
+        self._last_check: float | None = None
+        self._eval_since_check = 0.0
+        self.eval_s: float | None = None
+        self.save_s: float | None = None
+        self.assumed_save_s = 0.0
+        self.saving = False
+
+    def expect_saves(self, state_bytes: int | None) -> None:
+        """The run checkpoints `state_bytes` of state (None: it writes no checkpoint, nothing to plan)."""
+        self.saving = state_bytes is not None
+        self.assumed_save_s = ASSUMED_SAVE_OVERHEAD_S + (state_bytes or 0) / ASSUMED_WRITE_BYTES_PER_S
+
+    @property
+    def enabled(self) -> bool:
+        return self.limit_s is not None
+
+    def left(self) -> float | None:
+        """Seconds left before the limit (negative past it); None without a limit."""
+        return None if self.limit_s is None else self.limit_s - (self.clock() - self.start)
+
+    def timed_eval(self, evaluate: Callable[[], Any]) -> Any:
+        """Run `evaluate`, keeping the slowest eval's time for planning."""
+        start = self.clock()
+        try:
+            return evaluate()
+        finally:
+            seconds = self.clock() - start
+            self.eval_s = max(self.eval_s or 0.0, seconds)
+            self._eval_since_check += seconds
+
+    def save_done(self, seconds: float) -> None:
+        """A save's whole time (host copy and write): the final save is planned at the slowest."""
+        self.save_s = max(self.save_s or 0.0, seconds)
+
+    def _step_s(self) -> float:
+        return max(self.steps, default=0.0)
+
+    def _final_save_s(self) -> float:
+        if not self.saving:
+            return 0.0
+        return self.save_s if self.save_s is not None else self.assumed_save_s
+
+    def must_stop(self, *, eval_next: bool) -> bool:
+        """Asked before each step: whether to stop now rather than run one more step (and its eval) and
+        still save in time. Each call also times the iteration since the previous one."""
+        now = self.clock()
+        if self._last_check is not None:
+            self.steps.append(now - self._last_check - self._eval_since_check)
+        self._last_check, self._eval_since_check = now, 0.0
+        left = self.left()
+        if left is None:
+            return False
+        eval_s = (self.eval_s if self.eval_s is not None else 2 * self._step_s()) if eval_next else 0.0
+        return left < SAFETY * (self._step_s() + eval_s + self._final_save_s())
+
+    def planned_stop_step(self, step: int, total: int, *, eval_every: int) -> int | None:
+        """The step the run is expected to end at: `total`, or the last one that fits before the limit."""
+        left = self.left()
+        if left is None:
+            return None
+        per_step = self._step_s() + ((self.eval_s or 0.0) / eval_every if eval_every else 0.0)
+        if per_step <= 0:
+            return total
+        room = left / SAFETY - self._final_save_s()
+        return min(total, step + max(0, math.floor(room / per_step)))
+
+    def stop_notice(self, step: int, total: int, checkpoint: str | None) -> str:
+        """What the run says when the limit stops it: where, what was kept, how to go on."""
+        limit = format_duration(self.limit_s or 0.0)
+        left = format_duration(max(0.0, self.left() or 0.0))
+        if checkpoint is None:
+            kept = "no checkpoint was written (set train.checkpoint_dir to resume a stopped run)"
+            return f"time limit {limit}: stopped at step {step} of {total} with {left} left; {kept}"
+        return (
+            f"time limit {limit}: stopped at step {step} of {total} with {left} left; checkpoint "
+            f"{checkpoint} is complete. Re-run the same command to continue from step {step} "
+            "(train.resume is on)"
+        )

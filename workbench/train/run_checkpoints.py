@@ -1,0 +1,113 @@
+"""A run's checkpoints: when a save is due (every N steps or every so long), and saves that do not stall training.
+
+A save has two parts. The copy of the state to the host (`CheckpointManager.snapshot`) happens at
+the step boundary: it is all the training loop waits for. The write (`CheckpointManager.write`:
+files, fsyncs, manifest, the atomic rename, pruning) then runs on a background thread while the next
+steps train (``train.async_checkpoint``, on by default). At most one write is in flight: a save due
+while the previous one still writes waits for it first. A write that fails raises at the next save
+or at `wait`, never silently. A process killed during a write leaves a temporary directory that
+`CheckpointManager.latest` ignores: the previous checkpoint stays the one a re-run resumes from.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from workbench.train.checkpoint import CheckpointManager, HostSnapshot
+from workbench.train.state_io import CheckpointError
+from workbench.units import duration_with_unit
+
+
+class RunCheckpoints:
+    """Checkpoints under ``train.checkpoint_dir`` at ``train.checkpoint_every`` (steps, or a duration
+    such as '20m'), written in the background when ``train.async_checkpoint``; sharded under SPMD."""
+
+    def __init__(self, train: Any, *, sharded: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.manager = CheckpointManager(train.checkpoint_dir, keep=train.keep_checkpoints, sharded=sharded)
+        every = train.checkpoint_every
+        self.every_s = duration_with_unit(every)
+        self.every_steps = every if isinstance(every, int) else 0
+        self.background = bool(train.async_checkpoint)
+        self.clock = clock
+        self.path: str | None = None
+        """The last checkpoint saved (complete once `wait` returns) or loaded."""
+        self.step: int | None = None
+        """The step whose state `path` holds (no need to save it again)."""
+        self.stall_s: float | None = None
+        """How long the last save held the training loop (the host copy, when written in the background)."""
+        self.on_saved: Callable[[float], None] | None = None
+        """Hears each finished save's whole time (copy and write), from the thread that wrote it."""
+        self._since = (
+            clock()
+        )  # a time cadence counts from the run's start: loading and warm-up are session time
+        self._writer: threading.Thread | None = None
+        self._failure: tuple[int, BaseException] | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether the loop should save after `step`: its step cadence, or its time cadence elapsed."""
+        if self.every_steps:
+            return step % self.every_steps == 0
+        return self.every_s is not None and self.clock() - self._since >= self.every_s
+
+    def save(self, step: int, state: Callable[[], Mapping[str, Any]], *, wait: bool = False) -> Path:
+        """Checkpoint `step`: `state()` is copied to the host now, then written (in the background unless
+        `wait` or ``train.async_checkpoint`` is off). Returns the directory it is (or will be) in."""
+        start = self.clock()
+        self.wait()  # one write in flight at most; a failed one raises here
+        copied = self.clock()
+        snap = self.manager.snapshot(step, state(), copy=self.background and not wait)
+        self.path, self.step = str(self.manager.path_for(step)), step
+        if self.background and not wait:
+            self._writer = threading.Thread(target=self._write, args=(snap, copied), name="checkpoint-writer")
+            self._writer.start()
+        else:
+            self._write(snap, copied)
+            self._raise_failure()
+        self.stall_s = self.clock() - start
+        self._since = self.clock()
+        return Path(self.path)
+
+    def _write(self, snap: HostSnapshot, start: float) -> None:
+        try:
+            self.manager.write(snap)
+        except BaseException as err:  # raised on the training thread by the next `save` or `wait`
+            self._failure = (snap.step, err)
+            return
+        if self.on_saved is not None:
+            self.on_saved(self.clock() - start)
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is complete; raise `CheckpointError` if it failed."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._failure is None:
+            return
+        step, err = self._failure
+        self._failure = None
+        self.path = self.step = None
+        raise CheckpointError(
+            f"the checkpoint of step {step} could not be written under {str(self.manager.root)!r}: "
+            f"{type(err).__name__}: {err}; the previous checkpoint there is intact"
+        ) from err
+
+    @property
+    def writing(self) -> bool:
+        """A background write is in flight."""
+        return self._writer is not None and self._writer.is_alive()
+
+    def latest(self) -> Path | None:
+        """The checkpoint a resume would load (after the write in flight, if any, completes)."""
+        self.wait()
+        return self.manager.latest()
+
+    def loaded(self, path: Path, step: int) -> None:
+        """Record that the live state is checkpoint `path` (a resume): no need to save it again."""
+        self.path, self.step = str(path), step
