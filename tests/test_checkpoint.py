@@ -84,8 +84,9 @@ def test_crash_while_resaving_a_step_puts_the_moved_aside_copy_back(tmp_path):
     manager.save(4, _state(4))
     # _commit moves step-4 aside before renaming the new step-4 in; a crash in between leaves:
     (tmp_path / "step-00000004").rename(tmp_path / ".tmp-old-step-00000004-0123abcd")
-    assert manager.latest() is None
-    manager.save(5, _state(5))  # the next save finds the copy, restores it, then prunes by keep
+    assert manager.latest().name == "step-00000004"  # listing the checkpoints puts the copy back
+    (tmp_path / "step-00000004").rename(tmp_path / ".tmp-old-step-00000004-0123abcd")
+    manager.save(5, _state(5))  # so does the next save, which then prunes by keep
     assert manager.latest().name == "step-00000005"
     manager = CheckpointManager(tmp_path, keep=2)
     (tmp_path / "step-00000005").rename(tmp_path / ".tmp-old-step-00000005-0123abcd")

@@ -101,6 +101,21 @@ def test_budget_plans_the_stop_step_and_counts_evals_apart():
     assert not TimeBudget(None).must_stop(eval_next=True)
 
 
+def test_budget_keeps_room_for_the_rest_of_a_write_in_flight():
+    clock = FakeClock()
+    budget = TimeBudget(100.0, clock=clock)
+    budget.expect_saves(0)
+    budget.save_done(20.0)  # saves take 20 s; steps 1 s
+    for _ in range(60):  # 40 s left: one step and a save fit ...
+        assert not budget.must_stop(eval_next=False)
+        clock.now += 1.0
+    assert not budget.must_stop(eval_next=False)
+    clock.now += 1.0  # ... but not when a write began 5 s ago: the final save waits for its other 15 s
+    assert budget.must_stop(eval_next=False, write_in_flight_s=5.0)
+    clock.now += 20.0  # the write in flight took longer than planned: no room left for the final save
+    assert not budget.final_save_fits()
+
+
 # ---- background writes -----------------------------------------------------------------------------
 
 

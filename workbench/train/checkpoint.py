@@ -111,16 +111,6 @@ class HostSnapshot:
     aliases: dict[str, dict[str, str]] = field(default_factory=dict)
     """A DCP part's every key -> the key of the tensor written for it (tied weights are written once)."""
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of tensor data the snapshot holds on the host."""
-        total = sum(t.numel() * t.element_size() for part in self.files.values() for t in part.values())
-        for part in self.sharded.values():
-            for value in part.values():
-                pieces = [value] if isinstance(value, torch.Tensor) else [s.data for s in value.shards]
-                total += sum(t.numel() * t.element_size() for t in pieces)
-        return total
-
 
 # ---- the manager -------------------------------------------------------------------------------
 
@@ -152,6 +142,7 @@ class CheckpointManager:
         """
         if not self.root.is_dir():
             return []
+        self._restore_moved_aside()
         found = []
         for entry in self.root.iterdir():
             match = _STEP_DIR.match(entry.name)
@@ -207,9 +198,8 @@ class CheckpointManager:
                 continue
             if self.sharded and any(is_sharded_xla(t) for t in tensors.values()):
                 unique = unique_tensors(tensors)  # tied weights written once, as `load_dcp` reads them
-                snap.aliases[part] = {
-                    key: next(k for k in unique if unique[k] is t) for key, t in tensors.items()
-                }
+                written_as = {id(t): key for key, t in unique.items()}
+                snap.aliases[part] = {key: written_as[id(t)] for key, t in tensors.items()}
                 snap.sharded[part] = host_shards(unique)
             else:
                 snap.files[part] = host_tensors(tensors, copy=copy)
@@ -279,28 +269,32 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
 
     def _remove_stale_temporaries(self) -> None:
-        """Leftovers of saves that crashed before their rename.
-
-        A re-save of step N moves the old step-N aside before renaming the new one in; a crash
-        between the two leaves only the moved-aside copy, which is complete: put it back.
-        """
+        """Leftovers of saves that crashed before their rename, and of prunings cut short."""
+        self._restore_moved_aside()
         for entry in sorted(self.root.iterdir()):
-            if not (entry.name.startswith(_TMP_PREFIX) and entry.is_dir()):
-                continue
+            if entry.name.startswith(_TMP_PREFIX) and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def _restore_moved_aside(self) -> None:
+        """A re-save of step N moves the old step-N aside before renaming the new one in; a crash between
+        the two leaves only the moved-aside copy, which is complete: put it back (before anything lists
+        the checkpoints, so a resume finds it)."""
+        for entry in sorted(self.root.iterdir()):
             moved = _MOVED_ASIDE.match(entry.name)
             original = self.root / moved.group(1) if moved else None
             if original is not None and not original.exists() and (entry / MANIFEST).is_file():
                 os.replace(entry, original)
                 fsync_dir(self.root)
-            else:
-                shutil.rmtree(entry, ignore_errors=True)
 
     def _prune(self, keep_path: Path) -> None:
         """Keep the `keep` most recently written checkpoints; never the one just written."""
         others = [path for path in self.checkpoints() if path != keep_path]
         for path in others[: max(0, len(others) - (self.keep - 1))]:
-            (path / MANIFEST).unlink(missing_ok=True)  # first: a removal cut short leaves no "complete" husk
-            shutil.rmtree(path, ignore_errors=True)
+            # renamed first (atomic): a removal cut short leaves a temporary the next save clears, not a
+            # checkpoint-sized folder nothing would ever delete
+            doomed = path.with_name(f"{_TMP_PREFIX}del-{path.name}-{uuid.uuid4().hex[:8]}")
+            os.replace(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
 
     # ---- loading ----
     def verify(self, path: str | Path) -> dict[str, Any]:
@@ -323,6 +317,8 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {str(path)!r} has an unreadable {MANIFEST}: {err}") from None
         if manifest.get("format_version") != FORMAT_VERSION:
             written_by = manifest.get("workbench_version")
+            if written_by == "unknown":  # written from a source tree that was never installed
+                written_by = None
             install = (
                 f"pip install 'xla-workbench=={written_by}'" if written_by else "the workbench that wrote it"
             )

@@ -121,9 +121,10 @@ class TimeBudget:
             return 0.0
         return self.save_s if self.save_s is not None else self.assumed_save_s
 
-    def must_stop(self, *, eval_next: bool) -> bool:
+    def must_stop(self, *, eval_next: bool, write_in_flight_s: float = 0.0) -> bool:
         """Asked before each step: whether to stop now rather than run one more step (and its eval) and
-        still save in time. Each call also times the iteration since the previous one."""
+        still save in time, after the rest of a background write that has run `write_in_flight_s` (the
+        final save waits for it). Each call also times the iteration since the previous one."""
         now = self.clock()
         if self._last_check is not None:
             self.steps.append(now - self._last_check - self._eval_since_check)
@@ -132,7 +133,14 @@ class TimeBudget:
         if left is None:
             return False
         eval_s = (self.eval_s if self.eval_s is not None else 2 * self._step_s()) if eval_next else 0.0
-        return left < SAFETY * (self._step_s() + eval_s + self._final_save_s())
+        rest_of_write = max(0.0, self._final_save_s() - write_in_flight_s) if write_in_flight_s else 0.0
+        return left < SAFETY * (self._step_s() + eval_s + rest_of_write + self._final_save_s())
+
+    def final_save_fits(self) -> bool:
+        """Whether a final save still fits before the limit (it may not, when a write in flight took
+        longer than planned: then the checkpoint that write completed is the one to resume from)."""
+        left = self.left()
+        return left is None or left >= SAFETY * self._final_save_s()
 
     def planned_stop_step(self, step: int, total: int, *, eval_every: int) -> int | None:
         """The step the run is expected to end at: `total`, or the last one that fits before the limit."""
@@ -145,15 +153,15 @@ class TimeBudget:
         room = left / SAFETY - self._final_save_s()
         return min(total, step + max(0, math.floor(room / per_step)))
 
-    def stop_notice(self, step: int, total: int, checkpoint: str | None) -> str:
+    def stop_notice(self, step: int, total: int, checkpoint: str | None, *, resume: bool = True) -> str:
         """What the run says when the limit stops it: where, what was kept, how to go on."""
         limit = format_duration(self.limit_s or 0.0)
         left = format_duration(max(0.0, self.left() or 0.0))
         if checkpoint is None:
             kept = "no checkpoint was written (set train.checkpoint_dir to resume a stopped run)"
             return f"time limit {limit}: stopped at step {step} of {total} with {left} left; {kept}"
+        go_on = "(train.resume is on)" if resume else "with train.resume=true"
         return (
             f"time limit {limit}: stopped at step {step} of {total} with {left} left; checkpoint "
-            f"{checkpoint} is complete. Re-run the same command to continue from step {step} "
-            "(train.resume is on)"
+            f"{checkpoint} is complete. Re-run the same command to continue from step {step} {go_on}"
         )

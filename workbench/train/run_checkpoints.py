@@ -11,12 +11,15 @@ or at `wait`, never silently. A process killed during a write leaves a temporary
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from workbench.config import TrainConfig
 from workbench.train.checkpoint import CheckpointManager, HostSnapshot
 from workbench.train.state_io import CheckpointError
 from workbench.units import duration_with_unit
@@ -26,7 +29,9 @@ class RunCheckpoints:
     """Checkpoints under ``train.checkpoint_dir`` at ``train.checkpoint_every`` (steps, or a duration
     such as '20m'), written in the background when ``train.async_checkpoint``; sharded under SPMD."""
 
-    def __init__(self, train: Any, *, sharded: bool, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, train: TrainConfig, *, sharded: bool, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.manager = CheckpointManager(train.checkpoint_dir, keep=train.keep_checkpoints, sharded=sharded)
         every = train.checkpoint_every
         self.every_s = duration_with_unit(every)
@@ -48,7 +53,10 @@ class RunCheckpoints:
         self._failure: tuple[int, BaseException] | None = None
 
     def due(self, step: int) -> bool:
-        """Whether the loop should save after `step`: its step cadence, or its time cadence elapsed."""
+        """Whether the loop should save after `step`: its step cadence, or its time cadence elapsed. A
+        background write that failed raises here, at the next step, not at the next save."""
+        if self._failure is not None and not self.writing:
+            self.wait()
         if self.every_steps:
             return step % self.every_steps == 0
         return self.every_s is not None and self.clock() - self._since >= self.every_s
@@ -63,6 +71,7 @@ class RunCheckpoints:
         self.path, self.step = str(self.manager.path_for(step)), step
         if self.background and not wait:
             self._writer = threading.Thread(target=self._write, args=(snap, copied), name="checkpoint-writer")
+            self._write_started = self.clock()
             self._writer.start()
         else:
             self._write(snap, copied)
@@ -78,7 +87,17 @@ class RunCheckpoints:
             self._failure = (snap.step, err)
             return
         if self.on_saved is not None:
-            self.on_saved(self.clock() - start)
+            try:
+                self.on_saved(self.clock() - start)
+            except Exception as err:  # a listener's bug must not read as a failed checkpoint
+                warnings.warn(f"checkpoint save listener failed: {err!r}", RuntimeWarning, stacklevel=1)
+
+    def in_flight_s(self) -> float:
+        """How long the write in flight has been running (0 without one): the time budget keeps room for
+        the rest of it, since the final save waits for it."""
+        if not self.writing or self._write_started is None:
+            return 0.0
+        return self.clock() - self._write_started
 
     def wait(self) -> None:
         """Block until the write in flight (if any) is complete; raise `CheckpointError` if it failed."""
@@ -86,6 +105,17 @@ class RunCheckpoints:
             self._writer.join()
             self._writer = None
         self._raise_failure()
+
+    def settle(self, notice: Callable[[str], None]) -> None:
+        """`wait`, at the end of training. When training is failing already (called while its exception
+        propagates), a failed write does not replace that error: `notice` says it beside it."""
+        failing = sys.exc_info()[0] is not None
+        try:
+            self.wait()
+        except CheckpointError as err:
+            if not failing:
+                raise
+            notice(str(err))
 
     def _raise_failure(self) -> None:
         if self._failure is None:

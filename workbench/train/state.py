@@ -158,9 +158,10 @@ class TrainingState:
             raise CheckpointError(_mismatch(path, differences))
         try:
             self._load(checkpoints, path)
-        except CheckpointError:
-            raise
-        except (ValueError, RuntimeError, KeyError) as err:
+        except (ValueError, KeyError, RuntimeError) as err:
+            shapes = isinstance(err, (ValueError, KeyError)) or "size" in str(err) or "shape" in str(err)
+            if isinstance(err, CheckpointError) or not shapes:  # a bad file, or no mismatch at all (e.g. OOM)
+                raise
             raise CheckpointError(_mismatch(path, [f"{type(err).__name__}: {err}"])) from err
 
     def _load(self, checkpoints: CheckpointManager, path: Path) -> None:
@@ -204,7 +205,9 @@ def config_differences(saved: dict[str, Any] | None, current: dict[str, Any]) ->
     the model's shape (for a model built from the config), the LoRA adapters and the optimizer."""
     if not saved:
         return []
-    fields_ = [("lora", "rank"), ("lora", "target_modules"), ("train", "optimizer")]
+    fields_ = [("lora", "rank"), ("train", "optimizer")]
+    if saved.get("lora", {}).get("rank") or current.get("lora", {}).get("rank"):
+        fields_.append(("lora", "target_modules"))  # which adapters exist, when there are any
     scratch = not saved.get("model", {}).get("pretrained_path") and not current["model"].get(
         "pretrained_path"
     )

@@ -171,9 +171,9 @@ def host_tensors(tensors: Mapping[str, torch.Tensor], *, copy: bool = False) -> 
     for i, (key, t) in enumerate(zip(keys, values)):
         host = t.to("cpu").contiguous()
         ptr = host.untyped_storage().data_ptr() if host.numel() else 0
-        if (i in live and host is t) or (
-            ptr and ptr in seen
-        ):  # tied weights: safetensors refuses tensors that share memory
+        # copied when the live tensor would be kept, or when it shares memory with one already out (tied
+        # weights: safetensors' own writer, which exports through transformers and peft use, refuses that)
+        if (i in live and host is t) or (ptr and ptr in seen):
             host = host.clone()
         seen.add(ptr)
         out[key] = host
@@ -289,13 +289,16 @@ def host_shards(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """What a sharded save writes, copied to the host: each sharded XLA tensor as its local shards
     (`runtime.local_shards_to_cpu`, one transfer), a stacked layer weight's views sliced on the host,
     other XLA tensors fetched, host tensors copied (training goes on changing them)."""
-    values = dict(host_layer_views(tensors))
+    values: dict[str, Any] = dict(host_layer_views(tensors))  # views: fresh host copies already
     sharded = [key for key, t in values.items() if is_sharded_xla(t)]
     for key, shards in zip(sharded, runtime.local_shards_to_cpu([values[key] for key in sharded])):
-        # a replicated tensor's shard is the whole tensor (torch_xla's planner takes no shard of it)
-        replicated = any(shard.indices is Ellipsis for shard in shards.shards)
-        values[key] = shards.shards[0].data if replicated else shards
-    rest = {key: t for key, t in values.items() if isinstance(t, torch.Tensor) and key not in sharded}
+        if any(shard.indices is Ellipsis for shard in shards.shards):
+            # replicated: one shard is the whole tensor (torch_xla's planner takes no shard of it)
+            values[key] = shards.shards[0].data
+        else:  # one copy of the tensor is enough on the host: the replicas of it are dropped
+            shards.shards = [shard for shard in shards.shards if shard.replica_id == 0]
+            values[key] = shards
+    rest = {key: t for key, t in values.items() if key not in sharded and values[key] is tensors[key]}
     values.update(host_tensors(rest, copy=True))
     return values
 

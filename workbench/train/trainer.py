@@ -262,6 +262,7 @@ class Trainer:
         """Restore model, optimizer, scheduler, data position, RNG and step from a checkpoint."""
         if self.checkpoints is None:
             raise ValueError("train.checkpoint_dir is not set")
+        self.checkpoints.wait()  # a write in flight (and its pruning) finishes before anything is read
         path = Path(path) if path is not None else self.checkpoints.latest()
         if path is None:
             raise ValueError(f"no checkpoint under {self.cfg.train.checkpoint_dir!r}")
@@ -302,16 +303,13 @@ class Trainer:
         finally:
             bar.close()
             self._close_stream()
-            if self.checkpoints is not None:
-                self.checkpoints.wait()  # a write in flight completes, even when training failed
+            if self.checkpoints is not None:  # a write in flight completes, even when training failed
+                self.checkpoints.settle(self._notice)
         if self.xla:
             runtime.wait_device_ops()
         tokens_per_s = clock.tokens_per_s(time.perf_counter())
-        if self.checkpoints is not None and self.checkpoints.step != self.loop.step:
-            clock.paused(self.save_checkpoint)  # the final state, unless the loop (or a resume) has it
         stopped = self.loop.step < train.steps
-        if stopped:
-            self._notice(self.budget.stop_notice(self.loop.step, train.steps, self.checkpoint_path))
+        save_final_state(self, clock, stopped)
         step_compiles = runtime.compile_count() - compiles_before - clock.paused_compiles if self.xla else 0
         return TrainResult(
             history=self.history,
@@ -331,7 +329,8 @@ class Trainer:
         evals = self.data.eval_dataset is not None and self._due(
             self.cfg.train.eval_every, self.loop.step + 1
         )
-        return self.budget.must_stop(eval_next=evals)
+        writing = self.checkpoints.in_flight_s() if self.checkpoints is not None else 0.0
+        return self.budget.must_stop(eval_next=evals, write_in_flight_s=writing)
 
     def _step(self, clock: ThroughputClock, bar: Any, warm: int) -> None:
         """One optimizer step: take its batches, run it, count it; then eval, log and save when due."""
@@ -388,6 +387,22 @@ class Trainer:
         loop.resize_batch(bigger[0])
         self._open_stream()
         self._notice(f"dynamic batch: step {loop.step}: batch {old} -> {loop.batch_size}")
+
+
+def save_final_state(trainer: Trainer, clock: ThroughputClock, stopped: bool) -> None:
+    """The run's last checkpoint, unless the loop (or a resume) has its step, or the time limit leaves no
+    room for it (the last complete checkpoint then stands); the time limit's notice when it `stopped` the run."""
+    saves, loop, train = trainer.checkpoints, trainer.loop, trainer.cfg.train
+    if saves is not None and saves.step != loop.step:
+        if trainer.budget.final_save_fits():
+            clock.paused(trainer.save_checkpoint)
+        else:
+            trainer._notice(f"time limit: no room for a save of step {loop.step}; the last checkpoint stands")
+    if stopped:
+        notice = trainer.budget.stop_notice(
+            loop.step, train.steps, trainer.checkpoint_path, resume=train.resume
+        )
+        trainer._notice(notice)
 
 
 def run_metrics(trainer: Trainer, interval: IntervalMetrics, warm: int) -> RunMetrics:
