@@ -158,8 +158,8 @@ class TrainingState:
             raise CheckpointError(_mismatch(path, differences))
         try:
             self._load(checkpoints, path)
-        except (ValueError, KeyError, RuntimeError) as err:
-            shapes = isinstance(err, (ValueError, KeyError)) or "size" in str(err) or "shape" in str(err)
+        except RuntimeError as err:  # our own mismatch errors (ValueError) say what differs already
+            shapes = "size" in str(err) or "shape" in str(err)
             if isinstance(err, CheckpointError) or not shapes:  # a bad file, or no mismatch at all (e.g. OOM)
                 raise
             raise CheckpointError(_mismatch(path, [f"{type(err).__name__}: {err}"])) from err

@@ -295,8 +295,7 @@ def host_shards(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         if any(shard.indices is Ellipsis for shard in shards.shards):
             # replicated: one shard is the whole tensor (torch_xla's planner takes no shard of it)
             values[key] = shards.shards[0].data
-        else:  # one copy of the tensor is enough on the host: the replicas of it are dropped
-            shards.shards = [shard for shard in shards.shards if shard.replica_id == 0]
+        else:
             values[key] = shards
     rest = {key: t for key, t in values.items() if key not in sharded and values[key] is tensors[key]}
     values.update(host_tensors(rest, copy=True))
