@@ -9,18 +9,11 @@ from typing import Any
 
 from tests.test_train import tiny_cfg, token_dataset
 from tests.xla import run
+from tests.xla.fsdp_resume import COMMON as FSDP_RUN
 from workbench.train import Trainer
 from workbench.train.checkpoint import CheckpointManager
 
-COMMON = {
-    "mesh.enabled": True,
-    "mesh.data": 1,
-    "mesh.fsdp": 8,
-    "train.device_type": "xla",
-    "train.batch_size": 8,
-    "train.steps": 60,
-    "train.log_every": 1,
-}
+COMMON = {**FSDP_RUN, "train.steps": 60}  # the FSDP resume scenario's run, longer
 
 
 def main(checkpoint_dir: str, limit_s: float = 30.0, step_sleep_s: float = 0.5) -> dict[str, Any]:

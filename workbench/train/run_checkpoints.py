@@ -46,10 +46,10 @@ class RunCheckpoints:
         """How long the last save held the training loop (the host copy, when written in the background)."""
         self.on_saved: Callable[[float], None] | None = None
         """Hears each finished save's whole time (copy and write), from the thread that wrote it."""
-        self._since = (
-            clock()
-        )  # a time cadence counts from the run's start: loading and warm-up are session time
+        # a time cadence counts from the run's start: loading and warm-up are session time
+        self._since = clock()
         self._writer: threading.Thread | None = None
+        self._write_started: float | None = None
         self._failure: tuple[int, BaseException] | None = None
 
     def due(self, step: int) -> bool:
