@@ -407,19 +407,22 @@ def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{name}={value!r} is not allowed: {allowed}")
 
 
+WEIGHT_SHAPE_FIELDS = (
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+"""The `ModelConfig` sizes that fix the weights' shapes of a model built from the config (no pretrained_path)."""
+
+
 def _validate(obj: Any, prefix: str) -> None:
     """Range and cross-field checks beyond types."""
     p = prefix
     if isinstance(obj, ModelConfig):
-        for name in (
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "intermediate_size",
-            "vocab_size",
-            "max_position_embeddings",
-        ):
+        for name in (*WEIGHT_SHAPE_FIELDS, "max_position_embeddings"):
             _require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
         _require(
             obj.hidden_size % obj.num_heads == 0,

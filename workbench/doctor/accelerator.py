@@ -167,57 +167,45 @@ def _count(value: str) -> int | None:
     return int(value) if value.strip().isdigit() and int(value) > 0 else None
 
 
+def _device_count_check(
+    name: str, value: str, *, bad_fix: str, idle_why: str | None, idle_fix: str, in_use: str
+) -> Check:
+    """A device-count variable: not a positive whole number (fail), set where it does nothing (warn,
+    `idle_why`), or in use (ok)."""
+    if _count(value) is None:
+        return Check(name, "fail", f"{name}={value!r} is not a positive whole number", bad_fix)
+    if idle_why is not None:
+        return Check(name, "warn", f"{name}={value} {idle_why}", idle_fix)
+    return Check(name, "ok", f"{name}={value}{in_use}")
+
+
 def environment_checks(roots: DoctorRoots, devices: Devices) -> list[Check]:
     """``PJRT_DEVICE`` (always) and ``TPU_NUM_DEVICES``, ``CPU_NUM_DEVICES``, ``XLA_USE_BF16`` (when set)."""
     env = roots.env
     pjrt = env.get("PJRT_DEVICE", "").strip().upper() or None
     checks = [_pjrt_check(pjrt, devices)]
     if "TPU_NUM_DEVICES" in env:
-        value = env["TPU_NUM_DEVICES"]
-        if _count(value) is None:
-            checks.append(
-                Check(
-                    "TPU_NUM_DEVICES",
-                    "fail",
-                    f"TPU_NUM_DEVICES={value!r} is not a positive whole number",
-                    "unset TPU_NUM_DEVICES (every TPU device), or set it to a count such as 1",
-                )
+        checks.append(
+            _device_count_check(
+                "TPU_NUM_DEVICES",
+                env["TPU_NUM_DEVICES"],
+                bad_fix="unset TPU_NUM_DEVICES (every TPU device), or set it to a count such as 1",
+                idle_why=None if devices.tpu else "but no TPU here: it does nothing",
+                idle_fix="unset TPU_NUM_DEVICES",
+                in_use=": the run uses that many TPU devices",
             )
-        elif not devices.tpu:
-            checks.append(
-                Check(
-                    "TPU_NUM_DEVICES",
-                    "warn",
-                    f"TPU_NUM_DEVICES={value} but no TPU here: it does nothing",
-                    "unset TPU_NUM_DEVICES",
-                )
-            )
-        else:
-            checks.append(
-                Check("TPU_NUM_DEVICES", "ok", f"TPU_NUM_DEVICES={value}: the run uses that many TPU devices")
-            )
+        )
     if "CPU_NUM_DEVICES" in env:
-        value = env["CPU_NUM_DEVICES"]
-        if _count(value) is None:
-            checks.append(
-                Check(
-                    "CPU_NUM_DEVICES",
-                    "fail",
-                    f"CPU_NUM_DEVICES={value!r} is not a positive whole number",
-                    "unset CPU_NUM_DEVICES, or set it to a count such as 8 (with PJRT_DEVICE=CPU)",
-                )
+        checks.append(
+            _device_count_check(
+                "CPU_NUM_DEVICES",
+                env["CPU_NUM_DEVICES"],
+                bad_fix="unset CPU_NUM_DEVICES, or set it to a count such as 8 (with PJRT_DEVICE=CPU)",
+                idle_why=None if pjrt == "CPU" else f"does nothing while PJRT_DEVICE is {pjrt or 'unset'}",
+                idle_fix="export PJRT_DEVICE=CPU for virtual XLA:CPU devices, or unset CPU_NUM_DEVICES",
+                in_use=" virtual XLA:CPU devices",
             )
-        elif pjrt != "CPU":
-            checks.append(
-                Check(
-                    "CPU_NUM_DEVICES",
-                    "warn",
-                    f"CPU_NUM_DEVICES={value} does nothing while PJRT_DEVICE is {pjrt or 'unset'}",
-                    "export PJRT_DEVICE=CPU for virtual XLA:CPU devices, or unset CPU_NUM_DEVICES",
-                )
-            )
-        else:
-            checks.append(Check("CPU_NUM_DEVICES", "ok", f"CPU_NUM_DEVICES={value} virtual XLA:CPU devices"))
+        )
     for name in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):
         if env.get(name, "0").strip() not in ("", "0"):
             checks.append(

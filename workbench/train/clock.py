@@ -91,10 +91,6 @@ class TimeBudget:
         self.saving = state_bytes is not None
         self.assumed_save_s = ASSUMED_SAVE_OVERHEAD_S + (state_bytes or 0) / ASSUMED_WRITE_BYTES_PER_S
 
-    @property
-    def enabled(self) -> bool:
-        return self.limit_s is not None
-
     def left(self) -> float | None:
         """Seconds left before the limit (negative past it); None without a limit."""
         return None if self.limit_s is None else self.limit_s - (self.clock() - self.start)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from workbench.config import WEIGHT_SHAPE_FIELDS
 from workbench.models.layer_stack import (
     collapse_optimizer_state,
     expand_optimizer_state,
@@ -188,18 +189,6 @@ class TrainingState:
         restore_rng(state["rng"])
 
 
-_WEIGHT_SHAPE = (
-    "family",
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "intermediate_size",
-    "vocab_size",
-)
-"""The model fields that fix its weights' shapes when it is built from the config (no pretrained_path)."""
-
-
 def config_differences(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
     """The settings a checkpoint's tensors depend on that differ between its run (`saved`) and this one:
     the model's shape (for a model built from the config), the LoRA adapters and the optimizer."""
@@ -212,7 +201,7 @@ def config_differences(saved: dict[str, Any] | None, current: dict[str, Any]) ->
         "pretrained_path"
     )
     if scratch:
-        fields_ += [("model", name) for name in _WEIGHT_SHAPE]
+        fields_ += [("model", name) for name in ("family", *WEIGHT_SHAPE_FIELDS)]
     out = []
     for section, name in fields_:
         was, now = saved.get(section, {}).get(name), current.get(section, {}).get(name)
