@@ -15,13 +15,15 @@ PACKAGES = ("workbench", "widgets")
 # under `if TYPE_CHECKING:`, are free). Lower layers never import higher ones.
 ALLOWED = {
     "units": set(),
-    "config": {"units", "models.families"},
+    "model_dirs": set(),
+    "config_parse": set(),
+    "config": {"units", "config_parse", "models.families"},
     "backend": {"units", "config"},
     "models": {"units", "config", "backend"},
     "parallel": {"units", "config", "backend", "models"},
-    "data": {"units", "config", "backend"},
+    "data": {"units", "model_dirs", "config", "backend"},
     "analysis": {"units", "config", "backend", "models", "parallel"},
-    "train": {"units", "config", "backend", "models", "parallel", "data", "analysis"},
+    "train": {"units", "model_dirs", "config", "backend", "models", "parallel", "data", "analysis"},
 }
 
 

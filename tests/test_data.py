@@ -147,15 +147,17 @@ def test_load_local_files_in_every_format(tmp_path, cache_dir):
 
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "d.parquet"))
     for name in ("a.jsonl", "b.csv", "c.txt", "d.parquet"):
-        ds = data.load_records(DataConfig(source=str(tmp_path / name)), cache_dir=cache_dir)
+        with pytest.warns(RuntimeWarning, match=r"read 6 records as text \(column text\)"):
+            ds = data.load_records(DataConfig(source=str(tmp_path / name)), cache_dir=cache_dir)
         assert ds["text"] == [r["text"] for r in rows], name
-    capped = data.load_records(
-        DataConfig(source=str(tmp_path / "a.jsonl"), max_examples=2), cache_dir=cache_dir
-    )
+    with pytest.warns(RuntimeWarning, match="read 6 records"):  # counted before the cap
+        capped = data.load_records(
+            DataConfig(source=str(tmp_path / "a.jsonl"), max_examples=2), cache_dir=cache_dir
+        )
     assert len(capped) == 2
     with pytest.raises(FileNotFoundError, match=r"data\.source="):
         data.load_records(DataConfig(source=str(tmp_path / "nope.jsonl")))
-    with pytest.raises(ValueError, match="cannot tell the format"):
+    with pytest.raises(ValueError, match="cannot tell the file type"):
         data.load_records(DataConfig(source=str(tmp_path)))  # mixed formats in one directory
 
 
@@ -173,8 +175,10 @@ def test_text_records_get_bos_eos_and_full_labels(tokenizer):
     row = out[0]
     assert row["input_ids"][0] == tokenizer.bos_token_id and row["input_ids"][-1] == tokenizer.eos_token_id
     assert row["labels"] == row["input_ids"] and row["length"] == len(row["input_ids"])
-    with pytest.raises(ValueError, match=r"data\.text_field='text' is not a column"):
+    with pytest.raises(ValueError, match=r"found no format: .*text needs the data\.text_field column 'text'"):
         data.tokenize_records(ds, tokenizer, DataConfig())
+    with pytest.raises(ValueError, match=r"data\.text_field='text', which is not a column"):
+        data.tokenize_records(ds, tokenizer, DataConfig(format="text"))
 
 
 def test_chat_labels_cover_only_assistant_turns(tokenizer):

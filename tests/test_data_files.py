@@ -13,6 +13,9 @@ from workbench.config import DataConfig
 from workbench.data import load_records
 from workbench.data.file_errors import DataFileError, data_file_error
 
+# These files are plain text records: the notice that says so is not what is tested here.
+pytestmark = pytest.mark.filterwarnings("ignore:data.format='auto'")
+
 ROWS = [json.dumps({"text": f"row {i}", "n": i}) for i in range(5)]
 
 
@@ -222,7 +225,9 @@ def test_good_files_still_load(tmp_path, cache_dir):
     mixed = write(tmp_path / "mixed.jsonl", lines('{"text": "a"}', '{"text": 5}'))
     assert len(load(mixed, cache_dir)) == 2
     table = write(tmp_path / "t.csv", 'prompt,response\n"a, quoted",b\n"multi\nline",d\n')
-    assert load(table, cache_dir)["prompt"] == ["a, quoted", "multi\nline"]
+    with pytest.warns(RuntimeWarning, match="as prompt_response"):  # chat records become messages
+        turns = load(table, cache_dir)["messages"]
+    assert [t[0]["content"] for t in turns] == ["a, quoted", "multi\nline"]
     array = write(tmp_path / "a.json", json.dumps([{"text": "x"}, {"text": "y"}], indent=2))
     assert load(array, cache_dir)["text"] == ["x", "y"]
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {info,doctor,smoke,demo,generate,train}``."""
+"""Command line: ``python -m workbench {info,doctor,smoke,demo,generate,eval,train}``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; `parse_args` applies it."""
     from workbench.doctor.command import add_doctor_arguments
+    from workbench.eval_command import add_eval_arguments
     from workbench.run import add_train_arguments
 
     parser = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
@@ -30,14 +31,41 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--steps", type=int, default=8)
     demo = sub.add_parser("demo", help="run the quickstart end to end and write reports/")
     demo.add_argument("--out", default="reports")
-    gen = sub.add_parser("generate", help="sample from a local transformers checkpoint directory")
-    gen.add_argument("--model", required=True, help="directory with config.json, weights and tokenizer")
+    gen = sub.add_parser(
+        "generate",
+        help="sample from a model directory: a transformers checkpoint, a LoRA adapter or a training checkpoint",
+    )
+    gen.add_argument(
+        "--model",
+        required=True,
+        help="what train writes: --save-pretrained DIR (adapter or model) or a checkpoint",
+    )
+    gen.add_argument("--base", metavar="DIR", help="an adapter's base model (default: the one it records)")
     gen.add_argument("prompts", nargs="+", metavar="PROMPT")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0, help="as model.generate's (1: off)")
+    gen.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="stop a prompt at this text (repeatable)",
+    )
+    gen.add_argument(
+        "--chat", action="store_true", help="wrap each prompt as a user turn (the chat template)"
+    )
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--device-type", default="auto", choices=["auto", "tpu", "cuda", "xla", "cpu"])
+    add_eval_arguments(
+        sub.add_parser(
+            "eval",
+            help="loss and perplexity of a model directory on a data file",
+            description="Evaluate --model on every record of --data; exit 0 done, 1 failed while evaluating, "
+            "2 could not start.",
+        )
+    )
     add_train_arguments(
         sub.add_parser(
             "train",
@@ -50,10 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse `argv`; ``train`` and ``doctor`` take KEY=VALUE overrides before, between or after their options."""
+    """Parse `argv`; ``train``, ``eval`` and ``doctor`` take KEY=VALUE overrides before, between or after their options."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command in ("train", "doctor") and not any(a.startswith("-") for a in extra):
+    if args.command in ("train", "doctor", "eval") and not any(a.startswith("-") for a in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -83,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(args.out)
         if args.command == "generate":
             return _generate(args)
+        if args.command == "eval":
+            from workbench.eval_command import run_eval_command
+
+            return run_eval_command(args)
         if args.command == "train":
             from workbench.run import run_train_command
 
@@ -108,27 +140,37 @@ def _info(hw: Any, *, as_json: bool) -> str:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    """Load the checkpoint, sample on the detected device, print each prompt's text."""
+    """Load the model directory, sample on the detected device, print each prompt's text."""
     import torch
 
     from workbench.backend import runtime
     from workbench.backend.hardware import detect
-    from workbench.generate import generate, load_pretrained
+    from workbench.data.records import chat_token_ids
+    from workbench.generate import generate
+    from workbench.train.start import load_for_inference
 
     try:
-        model, tokenizer = load_pretrained(args.model)
+        model, tokenizer = load_for_inference(args.model, base=args.base)
         hw = detect(args.device_type)
         model.to(runtime.device() if hw.via_xla else torch.device(hw.backend))
+        prompts: list[Any] = list(args.prompts)
+        if args.chat:  # as the model saw chat records in training: a user turn, then the assistant's prompt
+            prompts = [
+                chat_token_ids(tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
+                for p in prompts
+            ]
         result = generate(
             model,
-            list(args.prompts),
+            prompts,
             tokenizer=tokenizer,
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k,
+            repetition_penalty=args.repetition_penalty,
+            stop=args.stop,
             seed=args.seed,
         )
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print("\n\n".join(prompt + text for prompt, text in zip(args.prompts, result.texts or [])))

@@ -8,7 +8,8 @@ back to YAML.
 
 Every bad value raises `ConfigError` naming the field, the value and what is allowed;
 unknown keys get a did-you-mean suggestion. Strings are coerced with explicit parsers,
-never ``eval``.
+never ``eval``. The generic machinery (building sections, overrides, coercion) is
+`workbench.config_parse`; this module holds the fields and the checks that know them (`_validate`).
 """
 
 from __future__ import annotations
@@ -16,21 +17,16 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal
 
 import yaml
 
+from workbench.config_parse import ConfigError, build_section, require, set_dotted, split_override
 from workbench.models.families import FAMILY_NAMES
 from workbench.units import duration_or_none, duration_with_unit
-
-
-class ConfigError(ValueError):
-    """A config value or key is not allowed; the message says which and why."""
-
 
 ModelFamily = Literal[FAMILY_NAMES]  # type: ignore[valid-type]
 """The allowed values of ``ModelConfig.family``: the names in `workbench.models.families.FAMILIES`
@@ -65,26 +61,60 @@ class ModelConfig:
     """Frozen base weights as integers under LoRA: 'int8' (per output channel) or 'int4' (blockwise, two per byte); 'none' keeps them in the training precision."""
 
 
+COLUMN_KEYS = (
+    "prompt",
+    "response",
+    "system",
+    "messages",
+    "conversations",
+    "instruction",
+    "input",
+    "output",
+    "text",
+)
+"""The names `DataConfig.columns` maps onto: every column a record format reads (`workbench.data.formats`)."""
+
+
 @dataclass
 class DataConfig:
     source: str = "embedded"
-    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records) or a local file/dir."""
-    format: Literal["auto", "jsonl", "json", "csv", "parquet", "text"] = "auto"
-    """File format for a local `source`; 'auto' uses the file extension."""
+    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records), a local file or directory of files, or a directory written by `datasets`' save_to_disk (a DatasetDict gives its 'train' split, or its only one)."""
+    format: Literal["auto", "text", "messages", "prompt_response", "alpaca", "sharegpt"] = "auto"
+    """Record format: 'messages' (lists of {role, content}); 'sharegpt' (conversations: lists of {from, value}, from in human/user, gpt/assistant/model, system); 'alpaca' (instruction, optional input, output, optional system; the user turn is instruction + blank line + input when input is not empty); 'prompt_response' (prompt, response, optional system; other columns such as scores are kept for `filter`); 'text' (the `text_field` column). 'auto' takes the first that fits, in that order, and says which. Configs written before `file_type` existed set a file type here: jsonl/json/csv/parquet move to `file_type`, and 'text' (now plain-text records) still reads a file of unknown extension as lines of text."""
+    file_type: Literal["auto", "jsonl", "json", "csv", "parquet", "text"] = "auto"
+    """How a local `source` file is read; 'auto' goes by the extension (.jsonl, .json, .csv, .parquet, .txt, .text). A save_to_disk directory is read as what it is."""
+    columns: dict[str, str] | None = None
+    """Your column names for the format's own, e.g. {prompt: question, response: answer}; keys: prompt, response, system, messages, conversations, instruction, input, output, text (as `text_field`). On the command line: 'data.columns={prompt: question, response: answer}'."""
+    filter: str | list[str] | None = None
+    """Rows to keep, before tokenising: 'column op literal' conditions (ops == != >= <= > <; literals: numbers, quoted strings, true, false, null) joined by 'and', or a list of such strings that must all hold; e.g. 'helpfulness >= 3 and verbosity <= 2'."""
     text_field: str = "text"
-    """Column holding raw text for language-model training."""
+    """Column holding raw text for language-model training (the 'text' format)."""
     chat: bool = False
-    """Treat records as chat SFT data (prompt/response or messages); prompt labels are masked."""
+    """Insist on chat records: under format 'auto' only the chat formats are tried (an error when none fits). Chat formats train as chat either way: labels only on the assistant's turns."""
     tokenizer_path: str | None = None
-    """Local tokenizer directory for `AutoTokenizer.from_pretrained`; None trains one on the corpus."""
+    """Local tokenizer directory for `AutoTokenizer.from_pretrained`; None takes the tokenizer beside `model.pretrained_path` when that is set, else trains one on the corpus."""
     tokenizer_vocab_size: int = 512
     """Vocabulary size of the locally trained tokenizer."""
     max_length: int = 256
     """Longest sequence kept after tokenisation (longer ones go through `bucketing.overflow`)."""
     max_examples: int | None = None
-    """Cap on the number of examples loaded (None loads everything)."""
+    """Cap on the number of records used, counted after `filter` (None uses every one)."""
     eval_fraction: float = 0.05
     """Fraction of examples held out for evaluation, in [0, 0.5]."""
+
+    LEGACY_VALUES: ClassVar[dict[str, tuple[str, ...]]] = {"format": ("jsonl", "json", "csv", "parquet")}
+    """Values `format` took before `file_type` existed (file types), moved onto `file_type` when built."""
+
+    def __post_init__(self) -> None:
+        # Configs written before data.file_type named the file type in data.format: keep them working.
+        if self.format in self.LEGACY_VALUES["format"]:
+            if self.file_type not in ("auto", self.format):
+                raise ConfigError(
+                    f"data.format={self.format!r} is not allowed with data.file_type={self.file_type!r}: "
+                    "data.format names the record format now (auto, text, messages, prompt_response, "
+                    "alpaca, sharegpt); set the file type in data.file_type only"
+                )
+            self.file_type, self.format = self.format, "auto"
 
 
 @dataclass
@@ -228,7 +258,7 @@ class WorkbenchConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkbenchConfig:
-        return _build(cls, data or {}, prefix="")
+        return build_section(cls, data or {}, "", _validate)
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -260,151 +290,15 @@ class WorkbenchConfig:
         A dict maps dotted keys to values (strings are parsed, other values checked as they are).
         """
         data = self.to_dict()
-        items = overrides.items() if isinstance(overrides, dict) else (_split_override(o) for o in overrides)
+        items = overrides.items() if isinstance(overrides, dict) else (split_override(o) for o in overrides)
         for key, value in items:
-            _set_dotted(data, type(self), key, value)
+            set_dotted(data, type(self), key, value)
         return type(self).from_dict(data)
 
 
 # ---- validation ----------------------------------------------------------------------
 
-
-def _split_override(text: str) -> tuple[str, str]:
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like section.field=value (e.g. train.steps=10)")
-    key, value = text.split("=", 1)
-    return key.strip(), value.strip()
-
-
-def _field_names(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
-def _unknown_key(key: str, cls: type, prefix: str) -> ConfigError:
-    names = _field_names(cls)
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
-    where = f"section {prefix.rstrip('.')!r}" if prefix else "the top level"
-    return ConfigError(f"unknown key {prefix + key!r} in {where}{hint} (allowed: {', '.join(names)})")
-
-
-def _set_dotted(data: dict[str, Any], cls: type, dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node, node_cls, prefix = data, cls, ""
-    for i, part in enumerate(parts):
-        if part not in _field_names(node_cls):
-            raise _unknown_key(part, node_cls, prefix)
-        hint = get_type_hints(node_cls)[part]
-        if i == len(parts) - 1:
-            if dataclasses.is_dataclass(hint):
-                raise ConfigError(
-                    f"{prefix + part!r} is a section; set one of its fields, e.g. {prefix}{part}.{_field_names(hint)[0]}=..."
-                )
-            node[part] = _parse_string(value, hint, f"{prefix}{part}") if isinstance(value, str) else value
-        else:
-            if not dataclasses.is_dataclass(hint):
-                raise ConfigError(f"{prefix + part!r} is a value, not a section; cannot set {dotted!r}")
-            node, node_cls, prefix = node[part], hint, f"{prefix}{part}."
-
-
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    where = prefix.rstrip(".") or "config"
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping, got {data!r}")
-    hints = get_type_hints(cls)
-    for key in data:
-        if key not in hints:
-            raise _unknown_key(str(key), cls, prefix)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
-            continue
-        hint = hints[f.name]
-        name = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(hint):
-            kwargs[f.name] = _build(hint, data[f.name] or {}, f"{name}.")
-        else:
-            kwargs[f.name] = _check_value(data[f.name], hint, name)
-    obj = cls(**kwargs)
-    _validate(obj, prefix)
-    return obj
-
-
-_TRUE = {"true", "yes", "on", "1"}
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
-_FALSE = {"false", "no", "off", "0"}
-
-
-def _parse_string(text: str, hint: Any, name: str) -> Any:
-    """Turn a CLI/papermill string into the field's type (no eval)."""
-    options = _options(hint)
-    if text.lower() in {"none", "null", "~"} and type(None) in options:
-        return None
-    for option in options:
-        if option is bool and text.lower() in _TRUE | _FALSE:
-            return text.lower() in _TRUE
-        if option is int:
-            try:
-                return int(text)
-            except ValueError:
-                pass
-        if option is float:
-            try:
-                return float(text)
-            except ValueError:
-                pass
-    if str in options or any(get_origin(o) is Literal for o in options):
-        return text
-    return _check_value(text, hint, name)  # raises with the allowed types
-
-
-def _options(hint: Any) -> list[Any]:
-    origin = get_origin(hint)
-    if origin is typing.Union or origin is types.UnionType:
-        out = []
-        for arg in get_args(hint):
-            out.extend(_options(arg))
-        return out
-    return [hint]
-
-
-def _describe(hint: Any) -> str:
-    parts = []
-    for option in _options(hint):
-        if get_origin(option) is Literal:
-            parts.append("one of " + ", ".join(repr(a) for a in get_args(option)))
-        elif option is type(None):
-            parts.append("null")
-        elif get_origin(option) is list:
-            parts.append(f"a list of {get_args(option)[0].__name__}")
-        else:
-            parts.append(getattr(option, "__name__", str(option)))
-    return " or ".join(parts)
-
-
-def _check_value(value: Any, hint: Any, name: str) -> Any:
-    for option in _options(hint):
-        if option is type(None) and value is None:
-            return None
-        if get_origin(option) is Literal and value in get_args(option) and isinstance(value, str):
-            return value
-        if option is bool and isinstance(value, bool):
-            return value
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if option is str and isinstance(value, str):
-            return value
-        list_of = get_args(option)[0] if get_origin(option) is list else None
-        if list_of is not None and isinstance(value, list) and all(isinstance(v, list_of) for v in value):
-            return list(value)
-    raise ConfigError(f"{name}={value!r} is not allowed: expected {_describe(hint)}")
-
-
-def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}={value!r} is not allowed: {allowed}")
 
 
 WEIGHT_SHAPE_FIELDS = (
@@ -423,44 +317,58 @@ def _validate(obj: Any, prefix: str) -> None:
     p = prefix
     if isinstance(obj, ModelConfig):
         for name in (*WEIGHT_SHAPE_FIELDS, "max_position_embeddings"):
-            _require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
-        _require(
+            require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
+        require(
             obj.hidden_size % obj.num_heads == 0,
             f"{p}num_heads",
             obj.num_heads,
             f"must divide hidden_size={obj.hidden_size}",
         )
-        _require(
+        require(
             obj.num_heads % obj.num_kv_heads == 0,
             f"{p}num_kv_heads",
             obj.num_kv_heads,
             f"must divide num_heads={obj.num_heads}",
         )
     elif isinstance(obj, DataConfig):
-        _require(obj.max_length >= 2, f"{p}max_length", obj.max_length, "must be >= 2")
-        _require(
+        require(obj.max_length >= 2, f"{p}max_length", obj.max_length, "must be >= 2")
+        require(
             obj.tokenizer_vocab_size >= 64,
             f"{p}tokenizer_vocab_size",
             obj.tokenizer_vocab_size,
             "must be >= 64",
         )
-        _require(
+        require(
             obj.max_examples is None or obj.max_examples >= 1,
             f"{p}max_examples",
             obj.max_examples,
             "must be >= 1 or null",
         )
-        _require(
+        require(
             0.0 <= obj.eval_fraction <= 0.5, f"{p}eval_fraction", obj.eval_fraction, "must be in [0, 0.5]"
         )
+        require(
+            not (obj.chat and obj.format == "text"),
+            f"{p}format",
+            obj.format,
+            "chat=True needs a chat format: auto, messages, prompt_response, alpaca or sharegpt",
+        )
+        _validate_columns(obj, p)
+        conditions = [obj.filter] if isinstance(obj.filter, str) else obj.filter
+        require(
+            conditions is None or (bool(conditions) and all(c.strip() for c in conditions)),
+            f"{p}filter",
+            obj.filter,
+            "a condition such as 'helpfulness >= 3', a non-empty list of them, or null",
+        )
     elif isinstance(obj, BucketConfig):
-        _require(
+        require(
             obj.max_buckets == "auto" or obj.max_buckets >= 1,
             f"{p}max_buckets",
             obj.max_buckets,
             "must be >= 1 or 'auto'",
         )
-        _require(
+        require(
             obj.max_buckets != "auto" or obj.strategy in ("optimal", "none") or obj.packing,
             f"{p}strategy",
             obj.strategy,
@@ -468,9 +376,9 @@ def _validate(obj: Any, prefix: str) -> None:
         )
         for name in ("compile_seconds", "seconds_per_padded_token"):
             value = getattr(obj, name)
-            _require(value is None or value > 0, f"{p}{name}", value, "must be > 0 or null")
-        _require(obj.multiple_of >= 1, f"{p}multiple_of", obj.multiple_of, "must be >= 1")
-        _require(
+            require(value is None or value > 0, f"{p}{name}", value, "must be > 0 or null")
+        require(obj.multiple_of >= 1, f"{p}multiple_of", obj.multiple_of, "must be >= 1")
+        require(
             obj.tokens_per_batch is None or obj.tokens_per_batch >= 1,
             f"{p}tokens_per_batch",
             obj.tokens_per_batch,
@@ -479,14 +387,14 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, MeshConfig):
         for name in ("data", "fsdp", "model"):
             value = getattr(obj, name)
-            _require(
+            require(
                 value == -1 or value >= 1,
                 f"{p}{name}",
                 value,
                 "must be >= 1, or -1 to fill from the device count",
             )
-        _require(obj.num_slices >= 1, f"{p}num_slices", obj.num_slices, "must be >= 1")
-        _require(
+        require(obj.num_slices >= 1, f"{p}num_slices", obj.num_slices, "must be >= 1")
+        require(
             [obj.data, obj.fsdp, obj.model].count(-1) <= 1,
             f"{p}axes",
             (obj.data, obj.fsdp, obj.model),
@@ -494,79 +402,79 @@ def _validate(obj: Any, prefix: str) -> None:
         )
     elif isinstance(obj, TrainConfig):
         for name in ("steps", "batch_size", "grad_accum", "log_every", "keep_checkpoints"):
-            _require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
+            require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
         for name in ("warmup_steps", "eval_every", "dynamic_batch_every"):
-            _require(getattr(obj, name) >= 0, f"{p}{name}", getattr(obj, name), "must be >= 0")
+            require(getattr(obj, name) >= 0, f"{p}{name}", getattr(obj, name), "must be >= 0")
         every = obj.checkpoint_every
-        _require(
+        require(
             every >= 0 if isinstance(every, int) else duration_with_unit(every) is not None,
             f"{p}checkpoint_every",
             every,
             "must be steps >= 0 (0: only at the end) or a duration with a unit such as '20m' or '1h30m'",
         )
-        _require(
+        require(
             obj.time_limit is None or (duration_or_none(obj.time_limit) or 0) > 0,
             f"{p}time_limit",
             obj.time_limit,
             "must be seconds > 0, a duration such as '8h30m', or null (no limit)",
         )
-        _require(obj.learning_rate > 0, f"{p}learning_rate", obj.learning_rate, "must be > 0")
-        _require(0.0 <= obj.min_lr_ratio <= 1.0, f"{p}min_lr_ratio", obj.min_lr_ratio, "must be in [0, 1]")
-        _require(obj.weight_decay >= 0, f"{p}weight_decay", obj.weight_decay, "must be >= 0")
-        _require(
+        require(obj.learning_rate > 0, f"{p}learning_rate", obj.learning_rate, "must be > 0")
+        require(0.0 <= obj.min_lr_ratio <= 1.0, f"{p}min_lr_ratio", obj.min_lr_ratio, "must be in [0, 1]")
+        require(obj.weight_decay >= 0, f"{p}weight_decay", obj.weight_decay, "must be >= 0")
+        require(
             obj.max_grad_norm is None or obj.max_grad_norm > 0,
             f"{p}max_grad_norm",
             obj.max_grad_norm,
             "must be > 0 or null",
         )
-        _require(
+        require(
             obj.dynamic_batch_factor > 1.0,
             f"{p}dynamic_batch_factor",
             obj.dynamic_batch_factor,
             "must be > 1",
         )
-        _require(
+        require(
             obj.dynamic_batch_max is None or obj.dynamic_batch_max >= obj.batch_size,
             f"{p}dynamic_batch_max",
             obj.dynamic_batch_max,
             f"must be >= batch_size={obj.batch_size} or null",
         )
-        _require(
+        require(
             obj.loss_chunk_tokens == "auto" or obj.loss_chunk_tokens >= 0,
             f"{p}loss_chunk_tokens",
             obj.loss_chunk_tokens,
             "must be >= 1 (tokens per chunk), 0 (never chunk) or 'auto'",
         )
-        _require(0.0 <= obj.distill_alpha <= 1.0, f"{p}distill_alpha", obj.distill_alpha, "must be in [0, 1]")
-        _require(
+        require(0.0 <= obj.distill_alpha <= 1.0, f"{p}distill_alpha", obj.distill_alpha, "must be in [0, 1]")
+        require(
             obj.distill_temperature > 0, f"{p}distill_temperature", obj.distill_temperature, "must be > 0"
         )
-        _require(
+        require(
             obj.distill_hidden_weight >= 0,
             f"{p}distill_hidden_weight",
             obj.distill_hidden_weight,
             "must be >= 0",
         )
     elif isinstance(obj, LoraConfig):
-        _require(obj.rank >= 0, f"{p}rank", obj.rank, "must be >= 0 (0 turns LoRA off)")
-        _require(obj.alpha > 0, f"{p}alpha", obj.alpha, "must be > 0")
-        _require(0.0 <= obj.dropout < 1.0, f"{p}dropout", obj.dropout, "must be in [0, 1)")
+        require(obj.rank >= 0, f"{p}rank", obj.rank, "must be >= 0 (0 turns LoRA off)")
+        require(obj.alpha > 0, f"{p}alpha", obj.alpha, "must be > 0")
+        require(0.0 <= obj.dropout < 1.0, f"{p}dropout", obj.dropout, "must be in [0, 1)")
         names = obj.target_modules
-        _require(
+        require(
             names == "auto" or (bool(names) and all(_MODULE_NAME.fullmatch(n) for n in names)),
             f"{p}target_modules",
             names,
             "'auto' or a non-empty list of module names (letters, digits, '_', '.'; e.g. [q_proj, v_proj])",
         )
     elif isinstance(obj, WorkbenchConfig):
-        _require(
+        require(
             obj.data.max_length <= obj.model.max_position_embeddings or obj.model.pretrained_path is not None,
             "data.max_length",
             obj.data.max_length,
             f"must be <= model.max_position_embeddings={obj.model.max_position_embeddings}",
         )
         # A quantized base is frozen integers: only LoRA adapters can train on top of it.
-        _require(
+        require(
             obj.model.quantize == "none" or obj.lora.rank > 0,
             "model.quantize",
             obj.model.quantize,
@@ -576,13 +484,41 @@ def _validate(obj: Any, prefix: str) -> None:
         # With a token budget the loader sizes every bucket's batch from it and ignores
         # train.batch_size, so growing the batch would change no batch and only skip data (the
         # epoch resumes as if the batches had grown).
-        _require(
+        require(
             obj.train.dynamic_batch_every == 0 or obj.bucketing.tokens_per_batch is None,
             "train.dynamic_batch_every",
             obj.train.dynamic_batch_every,
             f"must be 0 while bucketing.tokens_per_batch={obj.bucketing.tokens_per_batch} is set "
             "(the token budget fixes every batch size); unset one of them",
         )
+
+
+def _validate_columns(obj: DataConfig, p: str) -> None:
+    """`DataConfig.columns`: keys a format reads, each onto its own non-empty column name."""
+    columns = obj.columns or {}
+    for key in columns:
+        close = difflib.get_close_matches(key, COLUMN_KEYS, n=1, cutoff=0.6)
+        require(
+            key in COLUMN_KEYS,
+            f"{p}columns",
+            columns,
+            f"{key!r} is not a column any format reads{f'; did you mean {close[0]!r}?' if close else ''} "
+            f"(keys: {', '.join(COLUMN_KEYS)}; each maps onto one of your columns, e.g. {{prompt: question}})",
+        )
+    names = list(columns.values())
+    require(
+        all(n.strip() for n in names) and len(set(names)) == len(names),
+        f"{p}columns",
+        columns,
+        "each key maps onto a different, non-empty column name",
+    )
+    # 'text' in columns and text_field name the same thing: two different answers would be a guess
+    require(
+        columns.get("text", obj.text_field) == obj.text_field or obj.text_field == "text",
+        f"{p}columns",
+        columns,
+        f"maps 'text' onto {columns.get('text')!r} but text_field={obj.text_field!r}: set one of them",
+    )
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Iterable[str] = ()) -> WorkbenchConfig:

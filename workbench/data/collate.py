@@ -273,3 +273,22 @@ class RowDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, list[int]]:
         return self.rows[index]
+
+
+class FillerMasked(torch.utils.data.Dataset):
+    """`dataset` with the fillers of a ``fill_last`` sampler: index ``-1 - i`` is example ``i`` with no
+    labels, so a batch keeps its full shape and the loss counts every real example exactly once."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        if index >= 0:
+            return self.dataset[index]
+        example = self.dataset[-1 - index]
+        ids, _ = ids_and_labels(example)
+        fields = dict(example) if isinstance(example, dict) else {"input_ids": ids}
+        return {**fields, "labels": [IGNORE_INDEX] * len(ids)}

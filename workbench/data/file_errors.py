@@ -14,7 +14,7 @@ no records at all) first, then a field whose type differs from the records befor
 file or first chunk fixes each column's type), then weaker suspects (integers followed by decimals,
 short CSV rows), then a field that is not among the columns ``datasets`` took from the first records. When nothing is found the
 original error is not swallowed: the `DataFileError` lists the files and the original cause, and
-chains it (``raise ... from``).
+chains it (``raise ... from``). `record_error` places a record that loaded but that its format cannot read.
 """
 
 from __future__ import annotations
@@ -68,6 +68,45 @@ def data_file_error(files: Sequence[Path], builder: str, error: BaseException) -
         f"data.source: loading {shown} failed with {_describe(error)}; re-reading the file(s) found no bad "
         "line, so the cause is in the error above"
     )
+
+
+def record_error(files: Sequence[Path], builder: str, index: int, problem: str) -> DataFileError:
+    """A `DataFileError` naming the file and line (Parquet: row) of record `index` (0-based, in the
+    order ``datasets`` loaded `files` with `builder`), for a record that loaded but is unreadable."""
+    number = index + 1
+    for path in files:
+        try:
+            places = list(_record_places(path, builder))
+        except (OSError, ValueError, csv.Error):
+            break  # cannot re-read it: say which record, not where
+        if index < len(places):
+            line, row = places[index]
+            where = f"line {line}" if line is not None else f"row {row}"
+            return DataFileError(f"data.source: {path} {where}: {problem}", path=path, line=line)
+        index -= len(places)
+    return DataFileError(f"data.source: record {number}: {problem}")
+
+
+def _record_places(path: Path, builder: str) -> Iterator[tuple[int | None, int]]:
+    """(line or None, row in the file) of each record of `path`, as ``datasets`` reads them."""
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        yield from ((None, row) for row in range(1, pq.read_metadata(path).num_rows + 1))
+        return
+    text = path.read_bytes().removeprefix(_BOM).decode("utf-8")
+    if builder == "csv":  # pandas skips blank rows; a quoted value may span lines
+        reader, start, rows = csv.reader(text.splitlines(keepends=True)), 1, []
+        for row in reader:
+            line, start = start, reader.line_num + 1
+            if row and row != [""]:
+                rows.append(line)
+        yield from ((line, n) for n, line in enumerate(rows[1:], start=1))  # the header is no record
+    elif builder == "json" and text.lstrip().startswith("["):
+        yield from ((line, n) for n, (line, _, _) in enumerate(_array_items(text), start=1))
+    else:  # JSON Lines skip blank lines; a text file has a record per line
+        numbers = [i for i, raw in enumerate(text.splitlines(), start=1) if builder == "text" or raw.strip()]
+        yield from ((line, n) for n, line in enumerate(numbers, start=1))
 
 
 # ---- findings ----------------------------------------------------------------------------------

@@ -21,7 +21,14 @@ import torch
 
 from workbench.data.bucket_choice import choose_buckets
 from workbench.data.buckets import BucketPlan, plan_buckets
-from workbench.data.collate import BucketCollator, PackedCollator, RowDataset, ids_and_labels, pack_sequences
+from workbench.data.collate import (
+    BucketCollator,
+    FillerMasked,
+    PackedCollator,
+    RowDataset,
+    ids_and_labels,
+    pack_sequences,
+)
 from workbench.data.sampler import BucketBatchSampler
 
 # ---- prewarm ---------------------------------------------------------------------------------
@@ -177,7 +184,14 @@ def plan_for_config(
 
 
 def make_loader(
-    dataset: Any, cfg: Any, *, pad_token_id: int, dp_size: int = 1, seed: int = 0, epochs: float | None = None
+    dataset: Any,
+    cfg: Any,
+    *,
+    pad_token_id: int,
+    dp_size: int = 1,
+    seed: int = 0,
+    epochs: float | None = None,
+    fill_last: bool = False,
 ) -> tuple[torch.utils.data.DataLoader, BucketBatchSampler | None]:
     """The training loader for `cfg`: bucketed batches, or packed rows when ``cfg.bucketing.packing``.
 
@@ -186,7 +200,9 @@ def make_loader(
     else ``cfg.train.batch_size``, rounded down to a multiple of ``dp_size``. The returned
     sampler (also ``loader.batch_sampler``) has ``batch_shapes()`` for prewarm, ``set_epoch``,
     ``state_dict``/``load_state_dict`` and ``report()``. `epochs`: passes the run makes over
-    `dataset`, for ``max_buckets: auto`` (default: `training_epochs`).
+    `dataset`, for ``max_buckets: auto`` (default: `training_epochs`). `fill_last` (evaluation):
+    every example is batched, a bucket's remainder filled to the full batch with label-less copies
+    (`FillerMasked`), so no example is left out and no new shape appears.
     """
     from torch.utils.data import DataLoader
 
@@ -212,7 +228,12 @@ def make_loader(
             )
         rows = pack_sequences(examples, max_length)
         sampler = BucketBatchSampler(
-            [len(r["input_ids"]) for r in rows], [max_length], dp_size=dp_size, seed=seed, **sizes
+            [len(r["input_ids"]) for r in rows],
+            [max_length],
+            dp_size=dp_size,
+            seed=seed,
+            fill_last=fill_last,
+            **sizes,
         )
         sampler.notes["packing"] = {
             "sequences": len(examples),
@@ -231,7 +252,8 @@ def make_loader(
                 stacklevel=2,
             )
         collate: Callable[..., Any] = PackedCollator(pad_token_id, max_length)
-        return DataLoader(RowDataset(rows), batch_sampler=sampler, collate_fn=collate), sampler
+        packed = FillerMasked(RowDataset(rows)) if fill_last else RowDataset(rows)
+        return DataLoader(packed, batch_sampler=sampler, collate_fn=collate), sampler
 
     lengths = dataset_lengths(dataset)
     plan = plan_for_config(lengths, cfg, epochs=epochs)
@@ -242,6 +264,7 @@ def make_loader(
         dp_size=dp_size,
         seed=seed,
         overflow=b.overflow,
+        fill_last=fill_last,
         max_length=max_length,
         multiple_of=b.multiple_of,
         **sizes,
@@ -251,4 +274,5 @@ def make_loader(
     # multiple_of matters only without boundaries (strategy "none"): the collator rounds each
     # batch's longest member up to it, and the sampler must list those lengths for prewarm.
     collate = BucketCollator(pad_token_id, boundaries, max_length, multiple_of=b.multiple_of)
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate), sampler
+    source = FillerMasked(dataset) if fill_last else dataset
+    return DataLoader(source, batch_sampler=sampler, collate_fn=collate), sampler

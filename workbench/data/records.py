@@ -1,13 +1,14 @@
 """Records to training examples: load the data source, tokenise plain text or chat, split, share by host.
 
 **Records** (`load_records`): "embedded" (the embedded corpus, column ``text``), "chat-sample"
-(the shipped chat SFT records, ``messages`` lists and prompt/response pairs; both from
-`workbench.data.corpus`) or a local jsonl/json/csv/parquet/text file or directory, loaded
-through ``datasets``.
+(the shipped chat SFT records, from `workbench.data.corpus`), a local jsonl/json/csv/parquet/text
+file or directory (``data.file_type``), loaded through ``datasets``, or a directory written by
+``save_to_disk``. Whatever their shape, `workbench.data.formats` reads them (``data.format``,
+``data.columns``, ``data.filter``) into one ``messages`` column (chat) or the text column.
 
 **Tokenising** (`tokenize_records`): plain text becomes ``bos + text + eos`` with labels equal
-to the ids; chat records (``messages`` or ``prompt``/``response``) are rendered with the chat
-template and their labels are `IGNORE_INDEX` (-100) everywhere except the assistant turns.
+to the ids; chat records (any chat format) are rendered with the chat template and their labels
+are `IGNORE_INDEX` (-100) everywhere except the assistant turns.
 Records that teach nothing are left out — texts that are empty, not strings or a single
 token, chat records with no assistant token to predict — and counted in one
 ``RuntimeWarning``. Sequences are not cut here: lengths above ``data.max_length`` are
@@ -19,16 +20,19 @@ part; each host keeps its equal share of the train part (`workbench.backend.mult
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from workbench.backend import runtime
 from workbench.backend.multihost import shard_for_host
+from workbench.data import formats
 from workbench.data.corpus import CHAT_SAMPLE, embedded_corpus
-from workbench.data.file_errors import data_file_error, load_errors
+from workbench.data.file_errors import DataFileError, data_file_error, load_errors, record_error
 from workbench.data.tokenizer import cache_root, get_tokenizer
 
 IGNORE_INDEX = -100
@@ -37,7 +41,7 @@ IGNORE_INDEX = -100
 
 # ---- records ---------------------------------------------------------------------------------
 
-_FORMATS = {
+_EXTENSIONS = {
     ".jsonl": "json",
     ".json": "json",
     ".csv": "csv",
@@ -45,6 +49,12 @@ _FORMATS = {
     ".txt": "text",
     ".text": "text",
 }
+"""File extension -> ``datasets`` builder, for ``data.file_type='auto'``."""
+_BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "text": "text"}
+"""``data.file_type`` -> ``datasets`` builder."""
+
+_Place = Callable[[formats.RecordError], DataFileError]
+"""Turns an unreadable record's error into one naming where the record is in data.source."""
 
 
 def _read_chat_sample() -> list[dict[str, Any]]:
@@ -52,57 +62,71 @@ def _read_chat_sample() -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def _as_messages(record: dict[str, Any]) -> list[dict[str, str]]:
-    if record.get("messages"):
-        return [{"role": str(m["role"]), "content": str(m["content"])} for m in record["messages"]]
-    if record.get("prompt") is not None and record.get("response") is not None:
-        messages = []
-        if record.get("system"):
-            messages.append({"role": "system", "content": str(record["system"])})
-        messages.append({"role": "user", "content": str(record["prompt"])})
-        messages.append({"role": "assistant", "content": str(record["response"])})
-        return messages
-    raise ValueError(f"a chat record needs 'messages' or 'prompt' and 'response'; got keys {sorted(record)}")
-
-
 def load_records(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None) -> Any:
-    """The raw records for `data_cfg.source` as a `datasets.Dataset` (capped at `max_examples`)."""
+    """The records of `data_cfg.source` as a `datasets.Dataset` with one column: ``messages`` for
+    chat records, the text column for plain text (`workbench.data.formats.prepare_records`:
+    ``data.columns`` applied, ``data.filter`` and ``data.max_examples`` too).
+
+    A record its format cannot read raises an error naming the file and line when the records
+    come from files.
+    """
     import datasets
 
     source = data_cfg.source
+    place: _Place | None = None
     if source == "embedded":
         ds = datasets.Dataset.from_dict({"text": embedded_corpus()})
-    elif source == "chat-sample":
-        ds = datasets.Dataset.from_list([{"messages": _as_messages(r)} for r in _read_chat_sample()])
+    elif source == "chat-sample":  # a mix of messages and prompt/response records
+        rows = [
+            formats.record_messages(r, "messages" if "messages" in r else "prompt_response")
+            for r in _read_chat_sample()
+        ]
+        ds = datasets.Dataset.from_list([{"messages": m} for m in rows])
     else:
-        ds = _load_local(Path(source).expanduser(), data_cfg.format, cache_dir)
-    if data_cfg.max_examples is not None and len(ds) > data_cfg.max_examples:
-        ds = ds.select(range(int(data_cfg.max_examples)))
-    return ds
+        ds, place = _load_local(Path(source).expanduser(), data_cfg, cache_dir)
+    try:
+        # the shipped sources are known shapes: the format notice is for the user's own data
+        return formats.prepare_records(ds, data_cfg, announce=place is not None)
+    except formats.RecordError as err:
+        if place is None or err.index is None:
+            raise
+        raise place(err) from None
 
 
-def _load_local(path: Path, fmt: str, cache_dir: str | os.PathLike[str] | None) -> Any:
+def _load_local(path: Path, data_cfg: Any, cache_dir: str | os.PathLike[str] | None) -> tuple[Any, _Place]:
+    """The raw records of a local file, directory of files or save_to_disk directory, and how to
+    place a record of them."""
     import datasets
 
     if not path.exists():
         raise FileNotFoundError(
             f"data.source={str(path)!r} does not exist; use 'embedded', 'chat-sample' or a local file/directory"
         )
-    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in _FORMATS) if path.is_dir() else [path]
+    if path.is_dir() and any((path / name).is_file() for name in ("dataset_dict.json", "state.json")):
+        return _load_saved(path, cache_dir)
+    # Configs from before data.file_type said data.format='text' for a text file of any extension.
+    fallback = "text" if data_cfg.format == "text" and data_cfg.file_type == "auto" else None
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix.lower() in _EXTENSIONS)
+    else:
+        files = [path]
     if not files:
-        raise ValueError(f"data.source={str(path)!r} holds no {'/'.join(sorted(_FORMATS))} files")
-    if fmt == "auto":
-        kinds = {_FORMATS.get(p.suffix.lower()) for p in files}
+        raise ValueError(
+            f"data.source={str(path)!r} holds no {'/'.join(sorted(_EXTENSIONS))} files "
+            "and is no directory written by save_to_disk"
+        )
+    if data_cfg.file_type == "auto":
+        kinds = {_EXTENSIONS.get(p.suffix.lower(), fallback) for p in files}
         if None in kinds or len(kinds) != 1:
             raise ValueError(
-                f"data.format='auto' cannot tell the format of {[p.name for p in files][:5]}: "
-                f"set data.format to one of jsonl, json, csv, parquet, text"
+                f"data.file_type='auto' cannot tell the file type of {[p.name for p in files][:5]}: "
+                "set data.file_type to one of jsonl, json, csv, parquet, text"
             )
         builder = kinds.pop()
     else:
-        builder = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet", "text": "text"}[fmt]
+        builder = _BUILDERS[data_cfg.file_type]
     try:
-        return datasets.load_dataset(
+        ds = datasets.load_dataset(
             builder,
             data_files=[str(p) for p in files],
             split="train",
@@ -113,25 +137,47 @@ def _load_local(path: Path, fmt: str, cache_dir: str | os.PathLike[str] | None) 
         )
     except load_errors() as err:  # re-read in plain Python only once datasets has failed
         raise data_file_error(files, builder, err) from err
+    # re-reads the files only once a record has failed
+    return ds, lambda err: record_error(files, builder, err.index or 0, err.problem)
+
+
+def _load_saved(path: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[Any, _Place]:
+    """A directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk`` (its 'train'
+    split, or its only one; a notice says which), copied into the workbench's cache."""
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    where = str(path)
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = list(loaded)
+        if "train" not in loaded and len(splits) != 1:
+            raise ValueError(
+                f"data.source={str(path)!r} is a DatasetDict with the splits {splits} and none named 'train': "
+                f"point data.source at one split's directory, e.g. {str(path / splits[0])!r}"
+            )
+        split = "train" if "train" in loaded else splits[0]
+        which = "its 'train' split" if split == "train" else f"its only split, {split!r}"
+        warnings.warn(
+            f"data.source={str(path)!r} is a DatasetDict (splits {', '.join(splits)}): reading {which}, "
+            f"{len(loaded[split]):,} records",
+            RuntimeWarning,
+            stacklevel=4,  # load_records' caller
+        )
+        loaded, where, path = loaded[split], f"{path} (split {split!r})", path / split
+    # Later maps write their cache files beside the data: a copy in the workbench's cache keeps them
+    # out of the user's directory (which may be read-only, as a mounted dataset is).
+    digest = hashlib.sha256(str(path.resolve()).encode())
+    for name in ("state.json", "dataset_info.json"):
+        digest.update((path / name).read_bytes())
+    copy = cache_root(cache_dir) / "datasets" / "from_disk" / f"{digest.hexdigest()[:16]}.arrow"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    ds = loaded.flatten_indices(cache_file_name=str(copy))
+    return ds, lambda err: DataFileError(
+        f"data.source: {where} record {(err.index or 0) + 1}: {err.problem}", path=path
+    )
 
 
 # ---- tokenising ------------------------------------------------------------------------------
-
-
-def _chat_reason(dataset: Any, data_cfg: Any) -> str | None:
-    """Why the records count as chat (``data.chat`` or the column that gave it away), or None."""
-    names = set(dataset.column_names)
-    if data_cfg.chat:
-        return "data.chat=True"
-    if "messages" in names:
-        return "the 'messages' column of the records"
-    if {"prompt", "response"} <= names:
-        return "the 'prompt' and 'response' columns of the records"
-    return None
-
-
-def _is_chat(dataset: Any, data_cfg: Any) -> bool:
-    return _chat_reason(dataset, data_cfg) is not None
 
 
 def _warn_left_out(dropped: int, total: int, why: str) -> None:
@@ -193,27 +239,26 @@ def _chat_example(messages: list[dict[str, str]], tokenizer: Any) -> dict[str, l
 def tokenize_records(dataset: Any, tokenizer: Any, data_cfg: Any) -> Any:
     """Columns ``input_ids``, ``labels`` (-100 on chat prompts), ``length``; no truncation here.
 
-    Records with nothing to predict are left out and counted in one ``RuntimeWarning``.
+    Takes records as `load_records` gives them, or records of any format whose columns bear the
+    format's own names (``data.columns`` and ``data.filter`` are `load_records`' part). Records
+    with nothing to predict are left out and counted in one ``RuntimeWarning``.
     """
-    reason = _chat_reason(dataset, data_cfg)
-    if reason is not None:
+    detected = formats.detect_format(dataset.column_names, data_cfg)
+    if detected.chat:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
-                f"the records are chat records (from {reason}), which need a tokenizer with a chat template; "
-                f"data.tokenizer_path={data_cfg.tokenizer_path!r} has none: give one with a chat template, "
-                "or set data.text_field to train on a text column without data.chat"
-            )
-        names = set(dataset.column_names)
-        if not ("messages" in names or {"prompt", "response"} <= names):
-            raise ValueError(
-                f"{reason} needs chat records: a 'messages' column or 'prompt' and 'response' columns; "
-                f"found {sorted(names)}"
+                f"the records are chat records (from {detected.reason}), which need a tokenizer with a chat "
+                f"template; data.tokenizer_path={data_cfg.tokenizer_path!r} has none: give one with a chat "
+                "template, or set data.format=text to train on a text column"
             )
 
-        def chat(record: dict[str, Any]) -> dict[str, Any]:
-            return _chat_example(_as_messages(record), tokenizer)
+        def chat(record: dict[str, Any], index: int) -> dict[str, Any]:
+            try:
+                return _chat_example(detected.messages(record), tokenizer)
+            except formats.RecordError as err:
+                raise formats.RecordError(err.problem, index) from None
 
-        out = dataset.map(chat, remove_columns=dataset.column_names, desc=None)
+        out = dataset.map(chat, with_indices=True, remove_columns=dataset.column_names, desc=None)
         # Label 0 is never predicted (nothing precedes it): a record needs a label after it.
         kept = out.filter(lambda r: any(x != IGNORE_INDEX for x in r["labels"][1:]))
         _warn_left_out(
@@ -223,11 +268,7 @@ def tokenize_records(dataset: Any, tokenizer: Any, data_cfg: Any) -> Any:
         )
         return kept
 
-    field = data_cfg.text_field
-    if field not in dataset.column_names:
-        raise ValueError(
-            f"data.text_field={field!r} is not a column; the records have {dataset.column_names}"
-        )
+    field = detected.columns[0]
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
 
     def text(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -273,7 +314,7 @@ def build_datasets(
     the fraction is above 0); on a multi-host run each host keeps its equal share of the train
     split (`workbench.backend.multihost.shard_for_host`; the remainder is left out).
     """
-    tokenizer = tokenizer if tokenizer is not None else get_tokenizer(cfg.data, cache_dir)
+    tokenizer = tokenizer if tokenizer is not None else get_tokenizer(cfg.data, cache_dir, cfg.model.pretrained_path)
     records = load_records(cfg.data, cache_dir)
     tokenized = tokenize_records(records, tokenizer, cfg.data)
     if len(tokenized) == 0:

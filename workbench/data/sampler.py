@@ -32,7 +32,10 @@ class BucketBatchSampler:
     or dropped, per ``overflow``; they are counted in `report()` and announced with a warning.
     With ``drop_last`` each bucket's incomplete remainder is left out of the epoch (counted too),
     so only full shapes occur; ``drop_last=False`` needs ``dp_size=1`` (a remainder need not
-    split evenly over the replicas). ``boundaries=None`` puts everything in one group: batches
+    split evenly over the replicas). ``fill_last`` (evaluation: every example counted, no new shape)
+    fills each remainder to the full batch with fillers, copies of its members given as negative
+    indices ``-1 - i`` (`workbench.data.collate.FillerMasked` gives them no labels).
+    ``boundaries=None`` puts everything in one group: batches
     are padded by the collator to their longest member rounded up to ``multiple_of`` (no planned
     shapes); give the collator's ``multiple_of`` here too so `batch_shapes` lists those lengths.
     """
@@ -49,6 +52,7 @@ class BucketBatchSampler:
         shuffle: bool = True,
         overflow: Literal["truncate", "drop"] = "truncate",
         drop_last: bool = True,
+        fill_last: bool = False,
         max_length: int | None = None,
         multiple_of: int = 1,
     ) -> None:
@@ -82,7 +86,8 @@ class BucketBatchSampler:
             raise ValueError(f"boundaries={boundaries!r} is not allowed: need at least one boundary >= 1")
         self.batch_size, self.tokens_per_batch = batch_size, tokens_per_batch
         self.dp_size, self.seed, self.shuffle = int(dp_size), int(seed), bool(shuffle)
-        self.overflow, self.drop_last = overflow, bool(drop_last)
+        self.fill_last = bool(fill_last)
+        self.overflow, self.drop_last = overflow, bool(drop_last) and not self.fill_last
         self.multiple_of = int(multiple_of)
         self.epoch, self._position, self._resume_at = 0, 0, 0
         self.notes: dict[str, Any] = {}
@@ -132,8 +137,11 @@ class BucketBatchSampler:
             full = len(order) // size
             for k in range(full):
                 batches.append(order[k * size : (k + 1) * size].tolist())
-            if not self.drop_last and len(order) % size:
-                batches.append(order[full * size :].tolist())
+            rest = order[full * size :].tolist()
+            if rest and self.fill_last:  # the same rows again as fillers: the shape stays a full batch
+                batches.append(rest + [-1 - rest[k % len(rest)] for k in range(size - len(rest))])
+            elif rest and not self.drop_last:
+                batches.append(rest)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -174,8 +182,8 @@ class BucketBatchSampler:
             members = self._groups[0]
             size = self._sizes[0]
             padded = np.sort(round_up(np.maximum(self._clipped[members], 1), self.multiple_of))
-            rows = [size] if len(members) >= size else []
-            if not self.drop_last and len(members) % size:
+            rows = [size] if len(members) >= size or (self.fill_last and len(members)) else []
+            if not self.drop_last and not self.fill_last and len(members) % size:
                 rows.append(len(members) % size)
             for n in rows:
                 # A batch of n is at least as long as its n-th shortest possible member: shorter
@@ -184,9 +192,9 @@ class BucketBatchSampler:
                     shapes.add((n, int(length)))
             return sorted(shapes)
         for members, size, length in zip(self._groups, self._sizes, self._group_lengths):
-            if len(members) >= size:
+            if len(members) >= size or (self.fill_last and len(members)):
                 shapes.add((size, length))
-            if not self.drop_last and len(members) % size:
+            if not self.drop_last and not self.fill_last and len(members) % size:
                 shapes.add((len(members) % size, length))
         return sorted(shapes)
 

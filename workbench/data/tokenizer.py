@@ -93,16 +93,21 @@ def _wrap(core: Any) -> Any:
     )
 
 
-def get_tokenizer(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None) -> Any:
-    """`data_cfg.tokenizer_path` through AutoTokenizer, else the BPE on the embedded corpus (cached)."""
+def get_tokenizer(
+    data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None, model_path: str | None = None
+) -> Any:
+    """`data_cfg.tokenizer_path` through AutoTokenizer; else, with a `model_path` (``model.pretrained_path``:
+    any model directory, `workbench.model_dirs`), the tokenizer beside it or its base; else the BPE
+    trained on the embedded corpus (cached)."""
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    if data_cfg.tokenizer_path:
-        path = Path(data_cfg.tokenizer_path).expanduser()
+    beside_model = _model_tokenizer(model_path) if model_path and not data_cfg.tokenizer_path else None
+    if data_cfg.tokenizer_path or beside_model is not None:
+        path = Path(data_cfg.tokenizer_path).expanduser() if data_cfg.tokenizer_path else beside_model
         if not path.is_dir():
             raise FileNotFoundError(
-                f"data.tokenizer_path={data_cfg.tokenizer_path!r} is not a directory; "
+                f"data.tokenizer_path={str(path)!r} is not a directory; "
                 "give a local tokenizer directory (from save_pretrained) or null to train one"
             )
         tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -131,3 +136,13 @@ def get_tokenizer(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return tokenizer
+
+
+def _model_tokenizer(model_path: str) -> Path | None:
+    """The tokenizer directory beside ``model.pretrained_path`` (or its base); None when there is none."""
+    from workbench.model_dirs import ModelDirError, resolve_model_dir, tokenizer_dir
+
+    try:
+        return tokenizer_dir(resolve_model_dir(model_path, field="model.pretrained_path"))
+    except ModelDirError:
+        return None  # loading the model will say what is wrong with the directory

@@ -35,7 +35,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from workbench.model_dirs import STEP_DIR, checkpoint_written_at
 from workbench.train.state_io import (
     FORMAT_VERSION,
     CheckpointError,
@@ -55,6 +56,7 @@ from workbench.train.state_io import (
     host_tensors,
     is_sharded_xla,
     load_dcp,
+    load_dcp_to_host,
     load_safetensors,
     save_dcp,
     save_safetensors,
@@ -76,25 +78,12 @@ def _workbench_version() -> str:
 WORKBENCH_VERSION = _workbench_version()
 """The version a checkpoint's manifest records: a later workbench says which one wrote it."""
 STATE_JSON = "state.json"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _TMP_PREFIX = ".tmp-"
 # A step directory moved aside while the same step is saved again: `_commit` below names it.
 _MOVED_ASIDE = re.compile(r"^\.tmp-old-(step-\d{8,})-[0-9a-f]{8}$")
 
 
 # ---- files -----------------------------------------------------------------------------------
-
-
-def _written_at(directory: Path) -> float:
-    """When a complete checkpoint was written: its manifest's time, else the manifest file's mtime."""
-    manifest = directory / MANIFEST
-    try:
-        return float(json.loads(manifest.read_text())["created_unix"])
-    except (OSError, ValueError, KeyError, TypeError):
-        try:  # an unreadable manifest: `load` will say so; order it by the file's time meanwhile
-            return manifest.stat().st_mtime
-        except OSError:
-            return 0.0
 
 
 @dataclass
@@ -145,9 +134,9 @@ class CheckpointManager:
         self._restore_moved_aside()
         found = []
         for entry in self.root.iterdir():
-            match = _STEP_DIR.match(entry.name)
+            match = STEP_DIR.match(entry.name)
             if match and entry.is_dir() and (entry / MANIFEST).is_file():
-                found.append((_written_at(entry), int(match.group(1)), entry))
+                found.append((checkpoint_written_at(entry), int(match.group(1)), entry))
         return [path for _, _, path in sorted(found)]
 
     def latest(self) -> Path | None:
@@ -161,7 +150,7 @@ class CheckpointManager:
 
     @staticmethod
     def step_of(path: str | Path) -> int:
-        match = _STEP_DIR.match(Path(path).name)
+        match = STEP_DIR.match(Path(path).name)
         if not match:
             raise CheckpointError(
                 f"{str(path)!r} is not a checkpoint directory (expected a name like step-00000120)"
@@ -233,6 +222,9 @@ class CheckpointManager:
                 "step": snap.step,
                 "parts": parts,
                 "state": snap.structure,
+                # which written tensor each key of a DCP part is (tied weights are written once): what
+                # a load without live destinations (`into`) needs to put every key back
+                "aliases": {part: snap.aliases[part] for part, kind in parts.items() if kind == "dcp"},
             }
             (tmp / STATE_JSON).write_text(json.dumps(payload))
             manifest = {
@@ -353,13 +345,18 @@ class CheckpointManager:
             return None
 
     def load(
-        self, path: str | Path | None = None, *, into: Mapping[str, Any] | None = None
+        self,
+        path: str | Path | None = None,
+        *,
+        into: Mapping[str, Any] | None = None,
+        parts: Collection[str] | None = None,
     ) -> dict[str, Any]:
-        """Load checkpoint `path` (default: the latest) after verifying it.
+        """Load checkpoint `path` (default: the latest) after verifying it; only `parts` when given.
 
         Returns the nested state with CPU tensors. Parts saved through torch.distributed.checkpoint
         are loaded into the matching tensors of `into` (same structure as what was saved) and
-        those live tensors are returned in place of CPU copies.
+        those live tensors are returned in place of CPU copies; without `into` they come back as
+        whole host tensors.
         """
         if path is None:
             path = self.latest()
@@ -375,20 +372,22 @@ class CheckpointManager:
             ) from None
         out: dict[str, Any] = {}
         for part, structure in payload["state"].items():
+            if parts is not None and part not in parts:
+                continue
             kind = payload["parts"].get(part)
             if kind is None:
                 tensors: dict[str, torch.Tensor] = {}
             elif kind == "safetensors":
                 tensors = load_safetensors(path / f"{part}.safetensors")
-            elif kind == "dcp":
-                if into is None or part not in into:
-                    raise CheckpointError(
-                        f"checkpoint {str(path)!r}: part {part!r} is sharded (torch.distributed.checkpoint); "
-                        "pass into= the live state so its sharded tensors can receive the shards"
-                    )
+            elif kind == "dcp" and into is not None and part in into:
                 _, targets = flatten_state(into[part])
                 load_dcp(targets, path / f"{part}.dcp")
                 tensors = targets
+            elif kind == "dcp":  # no live destinations: whole host tensors, each tied key put back
+                written = load_dcp_to_host(path / f"{part}.dcp")
+                aliases = payload.get("aliases", {}).get(part, {})
+                tensors = {key: written[unique] for key, unique in aliases.items() if unique in written}
+                tensors = {**written, **tensors}
             else:
                 raise CheckpointError(f"checkpoint {str(path)!r}: unknown storage {kind!r} for part {part!r}")
             out[part] = unflatten_state(structure, tensors)

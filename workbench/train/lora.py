@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from workbench.model_dirs import BASE_MODEL_FILE
 from workbench.models.layer_stack import layer_weights_attached, per_layer_parameters
 from workbench.models.quantize import QuantizedLinear, logical_parameter_count, quantized_layers
 from workbench.train.state_io import host_tensors
@@ -50,8 +51,6 @@ from workbench.train.state_io import host_tensors
 if TYPE_CHECKING:  # annotations only
     from workbench.config import LoraConfig
 
-BASE_MODEL_FILE = "workbench_base_model.json"
-"""Written beside a saved adapter: which base model it was trained on (`base_model_identity`)."""
 ADAPTER_NAME = "default"
 _ADAPTER_PART = re.compile(r"(^|\.)lora_[A-Za-z_]+(\.|$)")
 
@@ -285,13 +284,21 @@ def base_model_identity(model: Any) -> dict[str, Any]:
     config = base.config
     adapters = sum(p.numel() for name, p in base.named_parameters() if _ADAPTER_PART.search(name))
     return {
-        "name_or_path": getattr(base, "name_or_path", "") or "",
+        "name_or_path": _local_name(getattr(base, "name_or_path", "") or ""),
         "model_type": getattr(config, "model_type", type(base).__name__),
         "hidden_size": getattr(config, "hidden_size", None),
         "num_layers": getattr(config, "num_hidden_layers", None),
         "vocab_size": getattr(config, "vocab_size", None),
         "parameters": logical_parameter_count(base) - adapters,
     }
+
+
+def _local_name(name: str) -> str:
+    """A base's name as recorded: an existing local directory made absolute, so the adapter finds its base
+    from any working directory (`workbench.model_dirs`); a hub-style name as it is."""
+    import os
+
+    return os.path.abspath(name) if name and os.path.isdir(name) else name
 
 
 def describe_base(identity: dict[str, Any]) -> str:
@@ -437,7 +444,11 @@ def check_adapter_fits(base: Any, path: str | Path) -> None:
             f"the adapter at {str(path)!r} was saved for base model {describe_base(theirs)}; this base "
             f"model is {describe_base(ours)}{detail}: load it onto the model it was trained from"
         )
-    if theirs["name_or_path"] and ours["name_or_path"] and theirs["name_or_path"] != ours["name_or_path"]:
+    if (
+        theirs["name_or_path"]
+        and ours["name_or_path"]
+        and _local_name(theirs["name_or_path"]) != ours["name_or_path"]
+    ):
         warnings.warn(
             f"the adapter at {str(path)!r} was saved for {theirs['name_or_path']!r}; loading it onto "
             f"{ours['name_or_path']!r}, which has the same shape",

@@ -333,6 +333,25 @@ def save_dcp(shards: dict[str, Any], directory: Path) -> bool:
     return False
 
 
+def load_dcp_to_host(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP directory as a whole host tensor, its shards put together by DCP itself
+    (no device, no mesh: the layout it was written in does not matter). For reading a sharded
+    checkpoint's weights outside the run that wrote it (`workbench.train.start`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = _dcp_reader(directory)
+    entries = reader.read_metadata().state_dict_metadata
+    targets = {
+        key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        for key, meta in entries.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }
+    dcp.load(targets, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+    return targets
+
+
 def _dcp_reader(directory: Path) -> Any:
     """DCP's file reader, with its pickled index read by the weights-only unpickler."""
     import torch.distributed.checkpoint as dcp

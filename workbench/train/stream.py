@@ -141,6 +141,8 @@ class TrainingData:
             dp_size=self.dp_size,
             seed=cfg.train.seed,
             epochs=self.train_epochs() if dataset is self.train_dataset else self.eval_passes(),
+            fill_last=dataset
+            is not self.train_dataset,  # an eval counts every example, in the planned shapes
         )
 
     def train_epochs(self) -> float | None:

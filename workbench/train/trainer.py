@@ -40,7 +40,7 @@ from workbench.backend.compile_cache import enable_compile_cache
 from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
-from workbench.models.build import build_model, enable_gradient_checkpointing, no_kv_cache
+from workbench.models.build import enable_gradient_checkpointing, no_kv_cache
 from workbench.models.scan import choose_scan, install_scan, scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
@@ -53,6 +53,7 @@ from workbench.train.objective import CausalLMObjective, LossChunking
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import build_optimizer, warmup_cosine
 from workbench.train.run_checkpoints import RunCheckpoints
+from workbench.train.start import StartingModel, starting_model
 from workbench.train.state import LoopState, TrainingState
 from workbench.train.step import StepEngine
 from workbench.train.stream import DeviceStream, TrainingData
@@ -138,10 +139,7 @@ class Trainer:
             xla=self.xla,
             batch_sharding=batch_sharding(self.mesh) if self.mesh is not None else None,
         )
-        if model is None:
-            vocab = len(self.tokenizer) if self.tokenizer is not None else None
-            model = build_model(cfg.model, vocab_size=vocab, seed=train.seed)
-        self.model = prepare_model(model, train, cfg.model, xla=self.xla, lora=cfg.lora, notice=self._notice)
+        self.model = run_model(cfg, model, self.tokenizer, xla=self.xla, notice=self._notice)
         self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher = teacher
         self.objective = build_objective(self, teacher)
@@ -424,6 +422,23 @@ def run_metrics(trainer: Trainer, interval: IntervalMetrics, warm: int) -> RunMe
         checkpoint_stall_s=checkpoints.stall_s if checkpoints is not None else None,
     )
     return metrics
+
+
+def run_model(
+    cfg: WorkbenchConfig,
+    model: torch.nn.Module | None,
+    tokenizer: Any,
+    *,
+    xla: bool,
+    notice: Callable[[str], None],
+) -> torch.nn.Module:
+    """The run's model on the host: the one handed in, or built or loaded from ``model.pretrained_path``
+    (any model directory: `workbench.train.start`), prepared (`prepare_model`), with the adapters it
+    continues copied in."""
+    start = StartingModel(model) if model is not None else starting_model(cfg, tokenizer, notice)
+    prepared = prepare_model(start.model, cfg.train, cfg.model, xla=xla, lora=cfg.lora, notice=notice)
+    start.carry_into(prepared)
+    return prepared
 
 
 def prepare_model(

@@ -1,0 +1,115 @@
+"""`python -m workbench eval`: the loss and perplexity of any model directory on a data file.
+
+``python -m workbench eval --model DIR --data FILE [--base DIR] [--config FILE] [KEY=VALUE ...]``
+takes what ``train`` writes (a merged or full model, a LoRA adapter, a training checkpoint:
+`workbench.model_dirs`), reads every record of FILE in any format ``train`` reads (`data.format`,
+`data.columns`, `data.filter`, ...), and prints the mean next-token loss over the predicted tokens
+(chat records: the assistant's) and its perplexity. The run goes through the `Trainer`'s own
+evaluation (buckets, the device, the mesh), so the figure is the one ``train`` reports as
+``eval loss`` for the same data. A training checkpoint's run settings for reading text (max length,
+chat, text field, tokenizer) are the defaults, so the file is tokenised as the run's data was.
+
+Exit codes: 0 evaluated; 1 failed while evaluating; 2 could not start (a bad directory, data file,
+config or override: one ``error:`` line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from typing import Any
+
+from workbench.backend.hardware import HardwareError
+from workbench.run import EXIT_CANNOT_START, EXIT_FAILED, EXIT_OK
+
+_READ_AS_TRAINED = ("max_length", "text_field", "chat", "tokenizer_path", "tokenizer_vocab_size")
+"""The ``data.*`` settings of a checkpoint's run that `eval` keeps: how text became tokens."""
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``eval`` sub-command's arguments (`workbench.__main__` owns the parser)."""
+    parser.add_argument(
+        "--model", required=True, help="a model directory: transformers, adapter or checkpoint"
+    )
+    parser.add_argument(
+        "--data", required=True, metavar="FILE", help="records to evaluate on (any data.format)"
+    )
+    parser.add_argument("--base", metavar="DIR", help="an adapter's base model (default: the one it records)")
+    parser.add_argument("--config", metavar="FILE", help="YAML config for data and device settings")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. data.max_length=512"
+    )
+
+
+def run_eval_command(args: argparse.Namespace) -> int:
+    """Run ``python -m workbench eval`` for parsed `args`; returns the exit code."""
+    try:
+        trainer, described, examples = _set_up(args)
+    except (ValueError, OSError, HardwareError) as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_CANNOT_START
+    try:
+        loss = trainer.evaluate()
+    except Exception as err:
+        traceback.print_exc()
+        print(f"error: evaluating failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    report = {
+        "loss": float(loss),
+        "perplexity": float(loss.perplexity),
+        "examples": examples,
+        "data": args.data,
+        "model": described,
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"eval loss {report['loss']:.4f} (perplexity {report['perplexity']:.2f}) on {examples:,} examples "
+            f"of {args.data}\n  model {described}"
+        )
+    return EXIT_OK
+
+
+def _set_up(args: argparse.Namespace) -> tuple[Any, str, int]:
+    """The model, the records as the eval set, and a `Trainer` to evaluate them with."""
+    from workbench.config import WorkbenchConfig, load_config
+    from workbench.data.records import load_records, tokenize_records
+    from workbench.model_dirs import resolve_model_dir
+    from workbench.train import Trainer
+    from workbench.train.start import load_for_inference
+
+    model_dir = resolve_model_dir(args.model, base=args.base, field="--model")
+    defaults = load_config(args.config) if args.config else WorkbenchConfig()
+    if model_dir.kind == "checkpoint" and not args.config and model_dir.run_config:
+        # how the run read its text, not which file it read: its columns and filter fit its own data
+        saved = model_dir.run_config.get("data", {})
+        defaults.data = WorkbenchConfig.from_dict(
+            {"data": {k: saved[k] for k in _READ_AS_TRAINED if k in saved}}
+        ).data
+    cfg = defaults.with_overrides(
+        [
+            f"data.source={args.data}",
+            "data.eval_fraction=0",
+            "train.checkpoint_dir=null",
+            "train.prewarm=false",
+            *args.overrides,
+        ]
+    )
+    model, tokenizer = load_for_inference(args.model, base=args.base)
+    records = tokenize_records(load_records(cfg.data), tokenizer, cfg.data)
+    if len(records) == 0:
+        raise ValueError(f"--data {args.data!r} gave no usable examples after tokenisation")
+    # a distinct view of the same rows as the (unused) training split: the eval loader is the one that
+    # batches every example (a training loader leaves each bucket's remainder out)
+    trainer = Trainer(
+        cfg,
+        model=model,
+        tokenizer=tokenizer,
+        train_dataset=records.select(range(len(records))),
+        eval_dataset=records,
+    )
+    return trainer, model_dir.describe(), len(records)
