@@ -244,3 +244,37 @@ def test_the_kernel_gets_curve_keys():
     assert demo.kernel_manager_config().KernelManager.transport_encryption == "auto"
     spec = kernelspec.KernelSpecManager().get_kernel_spec("python3")
     assert "curve" in spec.metadata.get("supported_encryption", [])
+
+
+def test_without_chromium_the_last_line_says_how_to_get_the_screenshot(tmp_path, monkeypatch, capsys):
+    """No Chromium on PATH: the demo still succeeds, and its last line names what to install and the
+    command to run again, `make`'s under `make demo` (whose Makefile installs it), else the CLI's."""
+    papermill = pytest.importorskip("papermill")
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *args, **kwargs: None)
+    monkeypatch.setattr(demo, "find_chromium", lambda: None)
+    monkeypatch.setenv("MAKELEVEL", "1")  # what make sets in the commands it runs
+    assert demo.run_demo(tmp_path / "reports") == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (
+        "no chromium found: dashboard.png skipped. Install it with 'make browser-deps' "
+        "(as root; it runs apt-get install chromium), then re-run 'make demo'"
+    )
+    assert last.startswith(DEMO_LINES)
+    # the target the line names exists and installs Chromium; `make demo` is the target it re-runs
+    makefile = (REPO / "Makefile").read_text()
+    target = re.search(r"^browser-deps:\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert (
+        target
+        and "apt-get" in target.group(1)
+        and "install" in target.group(1)
+        and "chromium" in target.group(1)
+    )
+    assert re.search(r"^demo:", makefile, re.MULTILINE)
+
+    monkeypatch.delenv("MAKELEVEL")  # `python -m workbench demo --out elsewhere`, from an installed package
+    assert demo.run_demo(tmp_path / "elsewhere") == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == (
+        "no chromium found: dashboard.png skipped. Install it (Debian/Ubuntu: apt-get install chromium), "
+        f"then re-run 'python -m workbench demo --out {tmp_path / 'elsewhere'}'"
+    )

@@ -22,10 +22,13 @@ This module imports papermill only when it runs; it never imports the widget lib
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,7 +183,24 @@ def run_demo(
         if screenshot_html(report, png):
             print(f"wrote {png}")
         elif find_chromium() is None:
-            print("no chromium found: skipped the dashboard screenshot")
+            print(no_chromium_line(out_dir))  # the last line: how a newcomer gets the picture too
         else:
             print("chromium failed (reason above): skipped the dashboard screenshot")
     return 0
+
+
+def no_chromium_line(out_dir: str | Path = "reports", environ: Mapping[str, str] | None = None) -> str:
+    """The demo's last line when no Chromium is installed: how to get one, and the command to run again.
+
+    Under `make demo` (make sets ``MAKELEVEL`` in its commands' environment) the checkout's Makefile
+    is at hand, whose ``browser-deps`` target installs Debian's Chromium when run as root; a demo
+    started any other way (an installed package, no Makefile) gets the package manager's command and
+    its own command line back (with ``--out`` where it wrote elsewhere than ``reports``).
+    """
+    env = os.environ if environ is None else environ
+    if env.get("MAKELEVEL"):
+        how, rerun = "with 'make browser-deps' (as root; it runs apt-get install chromium)", "make demo"
+    else:
+        out = "" if str(out_dir) == "reports" else f" --out {shlex.quote(str(out_dir))}"
+        how, rerun = "(Debian/Ubuntu: apt-get install chromium)", f"python -m workbench demo{out}"
+    return f"no chromium found: dashboard.png skipped. Install it {how}, then re-run '{rerun}'"

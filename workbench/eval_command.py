@@ -76,6 +76,8 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 def _set_up(args: argparse.Namespace) -> tuple[Any, str, int]:
     """The model, the records as the eval set, and a `Trainer` to evaluate them with."""
+    import torch
+
     from workbench.config import WorkbenchConfig, load_config
     from workbench.data.records import load_records, tokenize_records
     from workbench.model_dirs import resolve_model_dir
@@ -90,16 +92,19 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, str, int]:
         defaults.data = WorkbenchConfig.from_dict(
             {"data": {k: saved[k] for k in _READ_AS_TRAINED if k in saved}}
         ).data
+    model, tokenizer = load_for_inference(args.model, base=args.base)
+    # a bf16 checkpoint is evaluated in bf16 (a full fine-tune's fp32 master weights would double it)
+    as_loaded = ["train.precision=bf16"] if next(model.parameters()).dtype == torch.bfloat16 else []
     cfg = defaults.with_overrides(
         [
             f"data.source={args.data}",
             "data.eval_fraction=0",
             "train.checkpoint_dir=null",
             "train.prewarm=false",
+            *as_loaded,
             *args.overrides,
         ]
     )
-    model, tokenizer = load_for_inference(args.model, base=args.base)
     records = tokenize_records(load_records(cfg.data), tokenizer, cfg.data)
     if len(records) == 0:
         raise ValueError(f"--data {args.data!r} gave no usable examples after tokenisation")

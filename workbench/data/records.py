@@ -208,18 +208,34 @@ def chat_token_ids(
     return [int(i) for i in out]
 
 
+def fold_system_turn(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The opening system turn as the head of the first user turn (a blank line between): what a chat
+    template that refuses a system role (Gemma 2's) can render, with the instructions kept."""
+    system, rest = messages[0], messages[1:]
+    if rest and rest[0]["role"] == "user":
+        merged = {"role": "user", "content": f"{system['content']}\n\n{rest[0]['content']}"}
+        return [merged, *rest[1:]]
+    return [{"role": "user", "content": system["content"]}, *rest]
+
+
 def _chat_example(messages: list[dict[str, str]], tokenizer: Any) -> dict[str, list[int]]:
     """Ids of the rendered conversation; labels only on the assistant turns.
 
     Each assistant turn's label span is found by rendering the conversation up to the turn
     with the generation prompt (the prefix) and up to its end: the tokens in between are the
-    answer. Works with any chat template whose renders of a prefix are token prefixes.
+    answer. Works with any chat template whose renders of a prefix are token prefixes. A template
+    that refuses a system turn gets it folded into the first user turn (`fold_system_turn`).
     """
 
     def render(msgs: list[dict[str, str]], prompt: bool) -> list[int]:
         return chat_token_ids(tokenizer, msgs, add_generation_prompt=prompt)
 
-    ids = render(messages, False)
+    try:
+        ids = render(messages, False)
+    except Exception as err:  # the template's own raise_exception (a jinja2 TemplateError)
+        if messages and messages[0]["role"] == "system" and "system" in str(err).lower():
+            return _chat_example(fold_system_turn(messages), tokenizer)
+        raise
     labels = [IGNORE_INDEX] * len(ids)
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
@@ -314,7 +330,9 @@ def build_datasets(
     the fraction is above 0); on a multi-host run each host keeps its equal share of the train
     split (`workbench.backend.multihost.shard_for_host`; the remainder is left out).
     """
-    tokenizer = tokenizer if tokenizer is not None else get_tokenizer(cfg.data, cache_dir, cfg.model.pretrained_path)
+    tokenizer = (
+        tokenizer if tokenizer is not None else get_tokenizer(cfg.data, cache_dir, cfg.model.pretrained_path)
+    )
     records = load_records(cfg.data, cache_dir)
     tokenized = tokenize_records(records, tokenizer, cfg.data)
     if len(tokenized) == 0:

@@ -450,7 +450,8 @@ def prepare_model(
     lora: Any = None,
     notice: Callable[[str], None] | None = None,
 ) -> torch.nn.Module:
-    """Precision, no KV cache (training never decodes), gradient checkpointing: as `train` says; then,
+    """Precision (fp32 weights for a full fine-tune under 'fp32'/'bf16-mixed', whatever the checkpoint's
+    dtype; bf16 under 'bf16'), no KV cache (training never decodes), gradient checkpointing: as `train` says; then,
     with ``model_cfg.quantize`` ('int8', 'int4'), the base's linears as integers
     (`workbench.models.quantize`, layer by layer; `notice` hears what was quantized); then, with
     ``lora.rank > 0``, the LoRA model (frozen base, seeded adapters: `workbench.train.lora`); then,
@@ -461,6 +462,11 @@ def prepare_model(
     quantize = model_cfg.quantize
     if train.precision == "bf16":
         model.to(torch.bfloat16)
+    elif lora is None or lora.rank == 0:
+        # fp32 / bf16-mixed keep fp32 master weights: a bf16 checkpoint (most published ones) would
+        # otherwise train in bf16, where AdamW's small updates round away. A LoRA base is frozen: it
+        # keeps the checkpoint's dtype (the adapters are fp32 either way).
+        model.to(torch.float32)
     no_kv_cache(model)  # a model handed in did not come through build_model
     if quantize != "none":  # before LoRA, so the adapters wrap the quantized layers
         from workbench.models.quantize import quantize_model
