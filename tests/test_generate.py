@@ -1,5 +1,6 @@
 """Sampling (`workbench.generate`), the `generate` command, eval perplexity and the training path's
-KV cache: on plain CPU in process, and on XLA:CPU in one subprocess (tests/xla/generation.py)."""
+KV cache: on plain CPU in process, and on XLA:CPU in subprocesses (tests/xla/generation.py; the fixed
+set of programs, prewarm, stop strings and the repetition penalty: tests/xla/generate_fixed_programs.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ import math
 import pytest
 import torch
 
+from tests.xla.generate_fixed_programs import (
+    PENALTY,
+    reference_with,
+    small_tokenizer,
+    stop_case,
+    text_prompts,
+)
 from tests.xla.generation import FIRST, SECOND, prompts, reference, tiny_model
-from workbench.generate import GenerationResult, generate, static_cache
+from workbench.generate import GenerationResult, generate, prewarm_generation, static_cache
 
 BUCKETS = [8, 16, 32]
 
@@ -100,6 +108,57 @@ def test_a_config_the_static_cache_cannot_lay_out_names_the_family():
         static_cache(SimpleNamespace(config=odd), 32)
 
 
+# ---- stop strings, the repetition penalty, prewarm (plain CPU) --------------------------------------
+
+
+def test_stop_strings_end_a_row_where_model_generate_does(tiny_tokenizer):
+    model = tiny_model("llama")
+    batch = text_prompts(FIRST)
+    stop = stop_case(model, tiny_tokenizer, batch)  # two tokens of the first row's greedy continuation
+    got = generate(model, batch, max_new_tokens=16, buckets=[32], stop=[stop], tokenizer=tiny_tokenizer)
+    assert got.token_ids == reference_with(model, batch, stop_strings=[stop], tokenizer=tiny_tokenizer)
+    assert got.finished[0] and len(got.token_ids[0]) < 16  # stopped mid-way, the completing token kept
+    assert got.texts[0].endswith(stop) and not any(got.finished[1:])
+    both = {"stop": [stop], "tokenizer": tiny_tokenizer, "repetition_penalty": PENALTY}
+    expected = reference_with(
+        model, batch, stop_strings=[stop], tokenizer=tiny_tokenizer, repetition_penalty=PENALTY
+    )
+    assert generate(model, batch, max_new_tokens=16, buckets=[32], **both).token_ids == expected
+
+
+def test_repetition_penalty_matches_model_generate():
+    model = tiny_model("qwen2")  # its greedy continuations repeat tokens, so the penalty changes them
+    batch = text_prompts(FIRST)
+    got = generate(model, batch, max_new_tokens=16, buckets=[32], repetition_penalty=PENALTY)
+    assert got.token_ids == reference_with(model, batch, repetition_penalty=PENALTY)
+    assert got.token_ids != generate(model, batch, max_new_tokens=16, buckets=[32]).token_ids
+
+
+def test_prewarm_compiles_nothing_off_xla_and_leaves_the_tokens_alone():
+    model = tiny_model("llama")
+    assert prewarm_generation(model, buckets=BUCKETS, max_new_tokens=8) == 0
+    batch = prompts((3, 13))
+    warmed = generate(model, batch, max_new_tokens=8, buckets=BUCKETS, prewarm=True)
+    assert warmed.token_ids == generate(model, batch, max_new_tokens=8, buckets=BUCKETS).token_ids
+
+
+def test_prewarm_stop_and_penalty_errors_say_what_is_needed():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="prewarm needs explicit buckets"):
+        prewarm_generation(model, buckets=None, max_new_tokens=8)
+    with pytest.raises(ValueError, match="prewarm needs explicit buckets"):
+        generate(model, [[3, 4]], max_new_tokens=2, prewarm=True)
+    for bad in (0, -1.5, float("nan")):
+        with pytest.raises(
+            ValueError, match=rf"repetition_penalty={bad!r} is not allowed: must be a number > 0"
+        ):
+            generate(model, [[3, 4]], max_new_tokens=2, repetition_penalty=bad)
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        generate(model, [[3, 4]], max_new_tokens=2, stop=["\n\n"])
+    with pytest.raises(ValueError, match="non-empty str"):
+        generate(model, [[3, 4]], max_new_tokens=2, stop=[""], tokenizer=object())
+
+
 # ---- the training path keeps its KV cache off ------------------------------------------------------
 
 
@@ -138,10 +197,7 @@ def test_evaluate_reports_perplexity_beside_the_loss():
 
 @pytest.fixture(scope="module")
 def tiny_tokenizer():
-    from workbench.data.tokenizer import train_tokenizer
-
-    corpus = ["the cat sat on the mat", "a dog sat on a log", "the cat and the dog"] * 20
-    return train_tokenizer(corpus, vocab_size=300)
+    return small_tokenizer()
 
 
 def test_generate_command_prints_the_text_of_a_saved_checkpoint(tmp_path, tiny_tokenizer, capsys):
@@ -157,18 +213,21 @@ def test_generate_command_prints_the_text_of_a_saved_checkpoint(tmp_path, tiny_t
     assert "tokens/s" in out.err
 
 
-def test_generate_command_fails_clearly_on_a_missing_or_bad_directory(tmp_path, capsys):
+def test_generate_command_fails_clearly_on_a_missing_or_bad_directory(tmp_path, capsys, tiny_tokenizer):
     from workbench.__main__ import main
 
     assert main(["generate", "--model", str(tmp_path / "nope"), "hi", "--device-type", "cpu"]) == 2
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["generate", "--model", str(tmp_path / "empty"), "hi", "--device-type", "cpu"]) == 2
-    assert "no config.json" in capsys.readouterr().err
+    assert "is no model directory" in capsys.readouterr().err
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
     assert main(["generate", "--model", str(tmp_path / "broken"), "hi", "--device-type", "cpu"]) == 2
-    assert "cannot load" in capsys.readouterr().err
+    assert "has no tokenizer beside it" in capsys.readouterr().err
+    tiny_tokenizer.save_pretrained(tmp_path / "broken")
+    assert main(["generate", "--model", str(tmp_path / "broken"), "hi", "--device-type", "cpu"]) == 2
+    assert "cannot load a causal LM and tokenizer from transformers checkpoint" in capsys.readouterr().err
 
 
 # ---- XLA:CPU: compiles, transfers, sliding windows, the memory probes -------------------------------
@@ -236,3 +295,38 @@ def test_xla_memory_probe_and_batch_finder_run_on_a_sliding_window_family(xla_ge
     probes = xla_generation["probes"]
     assert probes["peak_bytes"] > 0 and probes["programs"] >= 2
     assert probes["batch"] == 8 and probes["batch_compiled_bytes"] > 0
+
+
+# ---- XLA:CPU: a fixed set of programs, prewarm, stop strings, the repetition penalty -----------------
+
+
+@pytest.fixture(scope="module")
+def xla_fixed_programs(xla_scenario):
+    """tests/xla/generate_fixed_programs.py, once."""
+    return xla_scenario("generate_fixed_programs", devices=1)
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_other_prompt_counts_in_the_same_buckets_compile_nothing(xla_fixed_programs):
+    run = xla_fixed_programs["prompt_counts"]
+    assert run["got"] == run["expected"]  # 1 or 2 real rows in a batch of 2: the same tokens
+    assert run["compiles"] == [4, 0]  # prefill + decode per bucket, then nothing for other counts
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_prewarm_compiles_every_program_a_sliding_window_call_runs(xla_fixed_programs):
+    run = xla_fixed_programs["prewarm"]
+    assert run["prewarm_compiles"] > 4 and run["compiles"] == 0  # the window's edges included
+    assert run["got"] == run["expected"]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+def test_xla_stop_strings_and_repetition_penalty_match_cpu_model_generate(xla_fixed_programs):
+    run = xla_fixed_programs["controls"]
+    assert run["got"] == run["expected"]
+    assert run["finished"] == [True, False, False, False] and len(run["got"]["stop"][0]) < 16
+    assert run["compiles"]["stop"] > 0 and run["compiles"]["stop_again"] == 0  # prewarm=True, then one prompt
+    assert run["transfers_again"] == 1  # the tokens at the end: no host read per token

@@ -4,50 +4,61 @@
 text, with a tokenizer) as a `GenerationResult`. It runs where the model's weights are: an XLA
 device (TPU, XLA:CPU), CUDA or the CPU. Greedy by default, token for token what
 ``model.generate`` returns for the same weights; ``temperature > 0`` samples (optionally from
-the ``top_k`` most likely tokens) with a seeded generator.
+the ``top_k`` most likely tokens) with a seeded generator. ``stop=[...]`` (with a tokenizer) and
+``repetition_penalty`` behave as ``model.generate``'s ``stop_strings`` and ``repetition_penalty``
+(`workbench.generation_controls`: both run on the device inside each step).
 
-How every shape stays fixed, so XLA compiles a program per (rows, bucket) once:
+How every shape stays fixed, so XLA compiles each program once:
 
 - **Buckets.** A prompt is left-padded to its bucket: the smallest boundary of `buckets` that
   fits it (a `workbench.data.buckets.BucketPlan`, e.g. ``plan_buckets(lengths, 4,
   multiple_of=16)``, or a list of lengths), by default the next power of two of at least 16.
-- **Rows.** Prompts of one bucket run together, `max_batch_size` rows at a time; the row count
-  is rounded up to a power of two (filler rows repeat a prompt; their output is dropped).
+- **Rows.** Prompts of one bucket run together, `max_batch_size` rows at a time. On an XLA
+  device every batch has exactly `max_batch_size` rows (filler rows repeat a prompt; their
+  output is dropped), so the programs never depend on how many prompts a bucket holds. Off XLA
+  (CUDA, the CPU: eager, nothing is compiled) a batch has its prompt count rounded up to a power
+  of two rows, because fewer rows are faster there.
 - **The cache.** transformers' `StaticCache` of ``bucket + max_new_tokens`` positions (the new
   tokens rounded up to a multiple of 16). Its sliding-window layers (Mistral, Gemma 2/3, any
   config with ``sliding_window`` or sliding ``layer_types``) are `StaticSlidingWindowLayer`s of
   the window's size, so a prompt longer than the window is fine.
 - **One decode program.** The 2-D attention mask covers the whole cache from the start (left
   padding 0, everything else 1: causality hides the positions not written yet); the position
-  ids, the cache's own length counter, the output buffer and its write index are device
-  tensors advanced inside the step. Each step is the same graph over new device data.
+  ids, the cache's own length counter, the output buffer and its write index, the done mask,
+  the stop-string window and the repetition mask are device tensors advanced inside the step.
+  Each step is the same graph over new device data.
 
-Programs per (rows, bucket): the prefill and one decode step; sliding-window layers add one
-decode program while the window fills and one once it slides (a position offset of exactly 0
-or 1 is a constant to torch_xla and may add one more). A later call whose prompts fall in the
-same buckets, with the same rows and rounded `max_new_tokens`, compiles nothing.
+Programs per bucket (the rows being fixed on XLA): the prefill and one decode step. Sliding-window layers add decode programs
+at the window's edges: transformers passes their kv offset as a Python int, and torch_xla makes
+an offset of exactly 0 or 1 a constant, so the steps where the window fills up, turns full and
+(measured on torch_xla 2.9) where the offset equals the window each compile their own. A later
+call whose prompts fall in the same buckets, with the same rounded `max_new_tokens` and options,
+compiles nothing, however many prompts each bucket holds. `prewarm_generation` (or
+``generate(..., prewarm=True)``) compiles every bucket's programs up front, from dummy prompts.
 
 **Host syncs.** None per token: each step ends with ``runtime.sync()`` (the step is launched,
 nothing is read back). The tokens come back in one transfer per batch at the end. With an
-end-of-sequence id, whether every row has finished is read every `stop_check_every` tokens
-(one small transfer each; 0: never, run to `max_new_tokens`), so a batch may run up to that
-many steps past its last end-of-sequence token. Tokens after a row's end-of-sequence are
+end-of-sequence id or stop strings, whether every row has finished is read every
+`stop_check_every` tokens (one small transfer each; 0: never, run to `max_new_tokens`), so a
+batch may run up to that many steps past its last row's end. Tokens after a row's end are
 dropped, as ``model.generate`` pads them.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import inspect
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from workbench.backend import runtime
+from workbench.generation_controls import RepetitionPenalty, StopStrings, prompt_ids, resolve_options
 
 MIN_BUCKET = 16
 """The smallest default bucket (power-of-two buckets start here)."""
@@ -60,17 +71,19 @@ class GenerationResult:
     """What `generate` produced, one entry per prompt in the order given."""
 
     token_ids: list[list[int]]
-    """The new tokens of each prompt, up to and including its end-of-sequence token."""
+    """The new tokens of each prompt, up to and including the token that ended it (end-of-sequence
+    or the one completing a stop string)."""
     texts: list[str] | None
     """The new tokens decoded (None without a tokenizer)."""
     finished: list[bool]
-    """Whether the prompt's generation ended with an end-of-sequence token."""
+    """Whether the prompt's generation ended on an end-of-sequence token or a completed stop string
+    (rather than at `max_new_tokens`)."""
     buckets: list[int]
     """The padded prompt length each prompt ran at."""
     compiles: int
-    """Programs XLA compiled during the call (0 off XLA)."""
+    """Programs XLA compiled during the call, a prewarm's included (0 off XLA)."""
     seconds: float
-    """Wall time of the call, device work included."""
+    """Wall time of the call, device work (and a prewarm) included."""
 
     @property
     def new_tokens(self) -> int:
@@ -95,8 +108,11 @@ def generate(
     seed: int = 0,
     eos_token_id: int | Sequence[int] | str | None = "auto",
     pad_token_id: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    repetition_penalty: float = 1.0,
     stop_check_every: int = 16,
     skip_special_tokens: bool = True,
+    prewarm: bool = False,
 ) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens for each prompt, on the model's device.
 
@@ -105,53 +121,44 @@ def generate(
     `temperature` 0 is greedy; above 0 samples, from the `top_k` best tokens when given,
     seeded by `seed` (on XLA the device RNG is seeded and restored afterwards).
     `eos_token_id`: "auto" takes the model's generation config, else the tokenizer's; None
-    never stops early. See the module docstring for the shapes and syncs.
+    never stops early. `stop`: strings that end a row at the token completing one (needs the
+    `tokenizer`). `repetition_penalty` > 0 (1.0: off) as ``model.generate``'s.
+    `prewarm`: first compile every bucket of `buckets` (which must then be given), as
+    `prewarm_generation` does. See the module docstring for the shapes and syncs.
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is not allowed: must be an int >= 1")
-    if max_batch_size < 1:
-        raise ValueError(f"max_batch_size={max_batch_size!r} is not allowed: must be >= 1")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature!r} is not allowed: 0 (greedy) or more")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k!r} is not allowed: None or >= 1")
-    ids = _prompt_ids(prompts, tokenizer)
-    eos = _eos_ids(model, tokenizer, eos_token_id)
-    pad = _pad_id(model, tokenizer, pad_token_id, eos)
-    dev = _model_device(model)
-    xla = dev.type == "xla"
+    options = resolve_options(
+        model,
+        tokenizer,
+        max_new_tokens=max_new_tokens,
+        max_batch_size=max_batch_size,
+        temperature=temperature,
+        top_k=top_k,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        stop=stop,
+        repetition_penalty=repetition_penalty,
+    )
+    bounds = _bucket_bounds(buckets) if prewarm else []
+    ids = prompt_ids(prompts, tokenizer)
+    decoder = _Decoder(model, tokenizer, max_batch_size, stop_check_every, **options)
     sizes = [_bucket(len(p), buckets) for p in ids]
-    groups: dict[int, list[int]] = {}
-    for i, size in enumerate(sizes):
-        groups.setdefault(size, []).append(i)
-    budget = -(-max_new_tokens // CACHE_MULTIPLE) * CACHE_MULTIPLE
-    decoder = _Decoder(model, dev, xla, eos, pad, temperature, top_k, stop_check_every, max_batch_size)
+    budget = _cache_budget(max_new_tokens)
     out: list[list[int]] = [[] for _ in ids]
     finished = [False] * len(ids)
-    compiles_before = runtime.compile_count() if xla else 0
-    rng_before = runtime.rng_state() if xla and temperature > 0 else None
-    if rng_before is not None:
-        runtime.set_rng_state(seed)
-    elif temperature > 0:
-        decoder.generator = torch.Generator(device=dev).manual_seed(seed)
-    was_training = getattr(model, "training", False)
-    model.eval()
+    compiles_before = runtime.compile_count() if decoder.xla else 0
     start = time.perf_counter()
-    try:
-        with torch.no_grad():
-            for bucket in sorted(groups):
-                members = groups[bucket]
-                for first in range(0, len(members), max_batch_size):
-                    rows = members[first : first + max_batch_size]
-                    tokens = decoder.run([ids[i] for i in rows], bucket, bucket + budget, max_new_tokens)
-                    for i, row in zip(rows, tokens):
-                        out[i], finished[i] = _until_eos(row, eos)
-        if xla:
+    with _inference(model):
+        if decoder.xla and bounds:
+            with _seeded(decoder, seed):  # the real run below starts from `seed` again
+                for bucket in bounds:
+                    decoder.prewarm(bucket, budget)
+        with _seeded(decoder, seed):
+            for bucket, rows in _batches(sizes, max_batch_size):
+                tokens, ended = decoder.run([ids[i] for i in rows], bucket, budget, max_new_tokens)
+                for i, row, end in zip(rows, tokens, ended):
+                    out[i], finished[i] = row, end
+        if decoder.xla:
             runtime.wait_device_ops()
-    finally:
-        model.train(was_training)
-        if rng_before is not None:
-            runtime.set_rng_state(rng_before)
     seconds = time.perf_counter() - start
     texts = None
     if tokenizer is not None:
@@ -161,9 +168,76 @@ def generate(
         texts=texts,
         finished=finished,
         buckets=sizes,
-        compiles=(runtime.compile_count() - compiles_before) if xla else 0,
+        compiles=(runtime.compile_count() - compiles_before) if decoder.xla else 0,
         seconds=seconds,
     )
+
+
+def prewarm_generation(
+    model: Any,
+    *,
+    buckets: Any,
+    max_new_tokens: int,
+    max_batch_size: int = 8,
+    tokenizer: Any = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    eos_token_id: int | Sequence[int] | str | None = "auto",
+    pad_token_id: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    repetition_penalty: float = 1.0,
+) -> int:
+    """Compile, on an XLA device, every program `generate` runs for prompts in `buckets` with these
+    options; returns how many were compiled (0 off XLA, where nothing is compiled).
+
+    `buckets` (a `BucketPlan` or boundary lengths) must be given: the default powers of two never
+    end. Each bucket runs one batch of `max_batch_size` dummy rows: the prefill and enough decode
+    steps to reach each sliding window's edges (module docstring), at most a call's own number.
+    A later `generate` with the same buckets, rounded `max_new_tokens`, `max_batch_size` and
+    options then compiles nothing. The seed is not an option here: it never changes a program.
+    """
+    options = resolve_options(
+        model,
+        tokenizer,
+        max_new_tokens=max_new_tokens,
+        max_batch_size=max_batch_size,
+        temperature=temperature,
+        top_k=top_k,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        stop=stop,
+        repetition_penalty=repetition_penalty,
+    )
+    bounds = _bucket_bounds(buckets)
+    decoder = _Decoder(model, tokenizer, max_batch_size, 0, **options)
+    if not decoder.xla:
+        return 0
+    before = runtime.compile_count()
+    with _inference(model), _seeded(decoder, 0):
+        for bucket in bounds:
+            decoder.prewarm(bucket, _cache_budget(max_new_tokens))
+    runtime.wait_device_ops()
+    return runtime.compile_count() - before
+
+
+@dataclass
+class _Rows:
+    """One batch's per-row device state, advanced inside each step."""
+
+    out: torch.Tensor
+    """[rows, budget] the tokens chosen so far."""
+    step: torch.Tensor
+    """[1] where the next token goes in `out`."""
+    done: torch.Tensor
+    """[rows] whether the row has ended (end-of-sequence or a stop string)."""
+    lengths: torch.Tensor
+    """[rows] tokens each row produced up to and including the one that ended it."""
+    window: torch.Tensor | None
+    """[rows, width] each row's last tokens, for the stop strings (None without)."""
+    seen: torch.Tensor | None
+    """[rows, vocab] the ids already in each row, for the repetition penalty (None without)."""
+    all_done: torch.Tensor | None = None
+    """[] whether every row has ended: the one value the host reads during decoding."""
 
 
 class _Decoder:
@@ -172,60 +246,92 @@ class _Decoder:
     def __init__(
         self,
         model: Any,
-        dev: torch.device,
-        xla: bool,
+        tokenizer: Any,
+        max_rows: int,
+        stop_check_every: int,
+        *,
         eos: list[int],
         pad: int,
         temperature: float,
         top_k: int | None,
-        stop_check_every: int,
-        max_rows: int,
+        stop: list[str],
+        repetition_penalty: float,
     ) -> None:
-        self.model, self.dev, self.xla, self.max_rows = model, dev, xla, max_rows
+        self.model, self.max_rows = model, max_rows
+        self.dev = _model_device(model)
+        self.xla = self.dev.type == "xla"
         self.pad, self.temperature, self.top_k = pad, temperature, top_k
-        self.stop_check_every = stop_check_every if eos else 0
-        self.eos = torch.tensor(eos, dtype=torch.long, device=dev) if eos else None
+        self.stop = StopStrings(tokenizer, stop, self.dev) if stop else None
+        self.penalty = RepetitionPenalty(repetition_penalty) if repetition_penalty != 1.0 else None
+        self.eos = torch.tensor(eos, dtype=torch.long, device=self.dev) if eos else None
+        self.ends_early = self.eos is not None or self.stop is not None
+        self.stop_check_every = stop_check_every if self.ends_early else 0
         self.generator: torch.Generator | None = None
         params = _forward_parameters(model)
         self.cache_position = "cache_position" in params  # transformers 4.x static caches need it
         self.logits_to_keep = "logits_to_keep" in params
 
-    def run(self, prompts: list[list[int]], bucket: int, cache_len: int, new: int) -> list[list[int]]:
-        """Generate `new` tokens for `prompts` (all at most `bucket` long); returns each row's tokens."""
-        rows = min(_row_count(len(prompts)), self.max_rows)
-        filled = prompts + [prompts[0]] * (rows - len(prompts))
-        input_ids = torch.full((rows, bucket), self.pad, dtype=torch.long)
-        mask = torch.ones((rows, cache_len), dtype=torch.long)
-        for r, p in enumerate(filled):
-            input_ids[r, bucket - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[r, : bucket - len(p)] = 0
+    def run(
+        self, prompts: list[list[int]], bucket: int, budget: int, new: int, *, check_stops: bool = True
+    ) -> tuple[list[list[int]], list[bool]]:
+        """Generate up to `new` tokens for `prompts` (all at most `bucket` long) with a cache of
+        ``bucket + budget`` positions; returns each prompt's tokens and whether it ended early."""
+        rows = self.max_rows if self.xla else min(_row_count(len(prompts)), self.max_rows)
+        cache_len = bucket + budget
+        input_ids, mask = self._left_padded(prompts, rows, bucket, cache_len)
         positions = (mask[:, :bucket].cumsum(-1) - 1).clamp(min=0)  # as model.generate numbers them
-        mask = mask.to(self.dev)
+        window = self.stop.start(input_ids, mask[:, :bucket], self.dev) if self.stop is not None else None
+        input_ids, mask = input_ids.to(self.dev), mask.to(self.dev)
         cache = static_cache(self.model, cache_len)
         extra: dict[str, Any] = {}
         if self.cache_position:
             extra["cache_position"] = torch.arange(bucket, device=self.dev)
         prefill_extra = dict(extra, logits_to_keep=1) if self.logits_to_keep else extra
-        out = torch.zeros((rows, cache_len - bucket), dtype=torch.long, device=self.dev)
-        step = torch.zeros((1,), dtype=torch.long, device=self.dev)
-        done = torch.zeros((rows,), dtype=torch.bool, device=self.dev)
-        logits = self._forward(input_ids.to(self.dev), mask, positions.to(self.dev), cache, prefill_extra)
+        logits = self._forward(input_ids, mask, positions.to(self.dev), cache, prefill_extra)
+        state = _Rows(
+            out=torch.zeros((rows, budget), dtype=torch.long, device=self.dev),
+            step=torch.zeros((1,), dtype=torch.long, device=self.dev),
+            done=torch.zeros((rows,), dtype=torch.bool, device=self.dev),
+            lengths=torch.zeros((rows,), dtype=torch.long, device=self.dev),
+            window=window,
+            seen=self.penalty.start(input_ids, mask[:, :bucket], logits.shape[-1]) if self.penalty else None,
+        )
         # inside the prefill graph, so every decode step reads device data of the same shapes
         pos = positions[:, -1:].to(self.dev).clone()
         cache_pos = extra["cache_position"][-1:].clone() if self.cache_position else None
-        token, done, all_done = self._choose(logits, done, out, step)
+        token = self._record(self._pick(logits, state), state)
         self._sync()
         for i in range(1, new):
-            if self.stop_check_every and i % self.stop_check_every == 0 and bool(all_done.cpu()):
+            due = check_stops and self.stop_check_every and i % self.stop_check_every == 0
+            if due and bool(state.all_done.cpu()):  # the one host read while decoding
                 break
             pos = pos + 1
             if cache_pos is not None:
                 cache_pos = cache_pos + 1
                 extra["cache_position"] = cache_pos
             logits = self._forward(token[:, None], mask, pos, cache, extra)
-            token, done, all_done = self._choose(logits, done, out, step)
+            token = self._record(self._pick(logits, state), state)
             self._sync()
-        return out.cpu()[: len(prompts), :new].tolist()  # one transfer of the whole buffer
+        return self._read(state, len(prompts), new)
+
+    def _left_padded(
+        self, prompts: list[list[int]], rows: int, bucket: int, cache_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input ids [rows, bucket], attention mask [rows, cache_len]) on the host: each prompt
+        left-padded to `bucket`, filler rows repeating the first prompt, the mask 0 on padding only."""
+        input_ids = torch.full((rows, bucket), self.pad, dtype=torch.long)
+        mask = torch.ones((rows, cache_len), dtype=torch.long)
+        for r, p in enumerate(prompts + [prompts[0]] * (rows - len(prompts))):
+            input_ids[r, bucket - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[r, : bucket - len(p)] = 0
+        return input_ids, mask
+
+    def prewarm(self, bucket: int, budget: int) -> None:
+        """Run one batch of dummy prompts in `bucket` through every program a call can reach."""
+        layers = static_cache(self.model, bucket + budget).layers
+        windows = [int(layer.max_cache_len) for layer in layers if getattr(layer, "is_sliding", False)]
+        steps = _prewarm_steps(windows, bucket, budget)
+        self.run([[self.pad] * bucket], bucket, budget, steps + 1, check_stops=False)
 
     def _forward(
         self, input_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, extra: dict
@@ -240,10 +346,10 @@ class _Decoder:
         )
         return out.logits[:, -1, :].float()
 
-    def _choose(
-        self, logits: torch.Tensor, done: torch.Tensor, out: torch.Tensor, step: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The next token of each row (device tensors only), written into `out` at `step`."""
+    def _pick(self, logits: torch.Tensor, state: _Rows) -> torch.Tensor:
+        """Each row's next token from `logits`: penalised, then greedy or sampled (device tensors only)."""
+        if state.seen is not None:  # before temperature and top-k, as model.generate orders them
+            logits = self.penalty.apply(logits, state.seen)
         if self.temperature > 0:
             logits = logits / self.temperature
             if self.top_k is not None and self.top_k < logits.shape[-1]:
@@ -252,13 +358,39 @@ class _Decoder:
             # Gumbel-max: argmax(logits + Gumbel noise) is a sample of softmax(logits)
             u = torch.rand(logits.shape, device=self.dev, generator=self.generator)
             logits = logits - torch.log(-torch.log(u.clamp(min=torch.finfo(u.dtype).tiny)))
-        token = logits.argmax(dim=-1)
-        if self.eos is not None:
-            token = torch.where(done, torch.full_like(token, self.pad), token)
-            done = done | (token[:, None] == self.eos[None, :]).any(dim=-1)
-        out.index_copy_(1, step, token[:, None])
-        step.add_(1)
-        return token, done, done.all()
+        return logits.argmax(dim=-1)
+
+    def _record(self, token: torch.Tensor, state: _Rows) -> torch.Tensor:
+        """Write `token` into `state` (the pad id for rows already ended, as model.generate pads them)
+        and advance the rows' ends, window and seen ids; returns the token each row feeds back."""
+        if self.ends_early:
+            token = torch.where(state.done, torch.full_like(token, self.pad), token)
+            state.lengths = state.lengths + (~state.done).long()  # the token that ends a row counts
+            ended = torch.zeros_like(state.done)
+            if self.eos is not None:
+                ended = (token[:, None] == self.eos[None, :]).any(dim=-1)
+            if self.stop is not None:
+                state.window, matched = self.stop.advance(state.window, token)
+                ended = ended | matched
+            state.done = state.done | ended
+            state.all_done = state.done.all()
+        if state.seen is not None:
+            state.seen = self.penalty.observe(state.seen, token)
+        state.out.index_copy_(1, state.step, token[:, None])
+        state.step.add_(1)
+        return token
+
+    def _read(self, state: _Rows, prompts: int, new: int) -> tuple[list[list[int]], list[bool]]:
+        """Each real row's tokens (cut after the token that ended it) and whether it ended: one transfer."""
+        if not self.ends_early:
+            (out,) = self._to_host([state.out])
+            return out[:prompts, :new].tolist(), [False] * prompts
+        out, lengths, done = self._to_host([state.out, state.lengths, state.done])
+        rows = range(prompts)
+        return [out[r, : int(lengths[r])].tolist() for r in rows], [bool(done[r]) for r in rows]
+
+    def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return runtime.to_cpu(tensors) if self.xla else [t.cpu() for t in tensors]
 
     def _sync(self) -> None:
         if self.xla:
@@ -308,52 +440,34 @@ def load_pretrained(
 # ---- helpers -------------------------------------------------------------------------------
 
 
-def _prompt_ids(prompts: Any, tokenizer: Any) -> list[list[int]]:
-    if isinstance(prompts, str) or (
-        isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], (int, torch.Tensor))
-    ):
-        prompts = [prompts]
-    if not prompts:
-        raise ValueError("prompts is empty: pass token-id lists, or strings with a tokenizer")
-    ids = []
-    for p in prompts:
-        if isinstance(p, str):
-            if tokenizer is None:
-                raise ValueError("string prompts need a tokenizer: pass tokenizer=, or token-id lists")
-            p = tokenizer(p)["input_ids"]
-        row = [int(t) for t in p]
-        if not row:
-            raise ValueError("a prompt is empty: every prompt needs at least one token")
-        ids.append(row)
-    return ids
+@contextlib.contextmanager
+def _inference(model: Any) -> Iterator[None]:
+    """The model in eval mode without gradients, its training mode restored afterwards."""
+    was_training = getattr(model, "training", False)
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
 
 
-def _as_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, (int, torch.Tensor)):
-        return [int(value)]
-    return [int(v) for v in value]
-
-
-def _eos_ids(model: Any, tokenizer: Any, eos_token_id: Any) -> list[int]:
-    if eos_token_id != "auto":
-        return _as_list(eos_token_id)
-    gen_config = getattr(model, "generation_config", None)
-    found = _as_list(getattr(gen_config, "eos_token_id", None))
-    return found or _as_list(getattr(tokenizer, "eos_token_id", None))
-
-
-def _pad_id(model: Any, tokenizer: Any, pad_token_id: int | None, eos: list[int]) -> int:
-    """What fills left padding and finished rows (never attended to), as model.generate picks it."""
-    for value in (
-        pad_token_id,
-        getattr(getattr(model, "generation_config", None), "pad_token_id", None),
-        getattr(tokenizer, "pad_token_id", None),
-    ):
-        if value is not None:
-            return int(value)
-    return eos[0] if eos else 0
+@contextlib.contextmanager
+def _seeded(decoder: _Decoder, seed: int) -> Iterator[None]:
+    """Sampling seeded by `seed`: on XLA the device RNG, restored afterwards; elsewhere a generator."""
+    if decoder.temperature <= 0:
+        yield
+        return
+    if not decoder.xla:
+        decoder.generator = torch.Generator(device=decoder.dev).manual_seed(seed)
+        yield
+        return
+    before = runtime.rng_state()
+    runtime.set_rng_state(seed)
+    try:
+        yield
+    finally:
+        runtime.set_rng_state(before)
 
 
 def _model_device(model: Any) -> torch.device:
@@ -386,13 +500,52 @@ def _bucket(length: int, buckets: Any) -> int:
     return bounds[index]
 
 
+def _bucket_bounds(buckets: Any) -> list[int]:
+    """Every bucket of an explicit `buckets` (a `BucketPlan` or lengths), for a prewarm."""
+    if buckets is None:
+        raise ValueError(
+            "prewarm needs explicit buckets: pass buckets= (a BucketPlan or a list of prompt lengths); "
+            "the default powers of two have no last bucket to stop at"
+        )
+    bounds = sorted({int(b) for b in getattr(buckets, "boundaries", buckets)})
+    if not bounds or bounds[0] < 1:
+        raise ValueError(f"buckets={buckets!r} is not allowed for a prewarm: give lengths >= 1")
+    return bounds
+
+
+def _cache_budget(max_new_tokens: int) -> int:
+    """Cache positions for the new tokens: `max_new_tokens` rounded up to `CACHE_MULTIPLE`."""
+    return -(-max_new_tokens // CACHE_MULTIPLE) * CACHE_MULTIPLE
+
+
+def _prewarm_steps(windows: list[int], bucket: int, budget: int) -> int:
+    """Decode steps that reach every decode program a call in `bucket` can run (module docstring).
+
+    Decode step i runs with ``bucket + i - 1`` positions cached. Full attention gives one program
+    from the first step on; run two. A sliding window of W gives its own programs at W cached
+    positions (it turns full: kv offset 1, a constant to torch_xla), W + 1 (the sliding steps),
+    2W - 1 (offset W, measured) and 2W; run through the step after each one a call can reach, and
+    never past a call's own last step (``budget - 1``).
+    """
+    last = bucket + budget - 2  # positions cached at the last decode step of a call
+    reach = [bucket + 1]
+    for w in windows:
+        reach += [edge + 1 for edge in (w, w + 1, 2 * w - 1, 2 * w) if bucket <= edge <= last]
+    return max(1, min(budget - 1, max(reach) - bucket + 1))
+
+
+def _batches(sizes: list[int], max_rows: int) -> list[tuple[int, list[int]]]:
+    """(bucket, prompt indices) per batch: prompts grouped by bucket (smallest first), `max_rows` at a time."""
+    groups: dict[int, list[int]] = {}
+    for i, size in enumerate(sizes):
+        groups.setdefault(size, []).append(i)
+    return [
+        (bucket, groups[bucket][first : first + max_rows])
+        for bucket in sorted(groups)
+        for first in range(0, len(groups[bucket]), max_rows)
+    ]
+
+
 def _row_count(rows: int) -> int:
-    """Rows rounded up to a power of two (fewer batch shapes to compile)."""
+    """Rows off XLA: the prompt count rounded up to a power of two (few batch shapes, few filler rows)."""
     return 1 << (rows - 1).bit_length()
-
-
-def _until_eos(tokens: list[int], eos: list[int]) -> tuple[list[int], bool]:
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1], True
-    return tokens, False

@@ -67,8 +67,16 @@ def load_for_inference(
 ) -> tuple[Any, Any]:
     """(model, tokenizer) from any model directory; a `ModelDirError` (a ValueError) says what is wrong."""
     model_dir = resolve_model_dir(path, base=base, field="--model")
-    tokenizer = load_tokenizer(model_dir)
-    model, carried = _weights(model_dir, tokenizer, attn_implementation)
+    try:
+        tokenizer = load_tokenizer(model_dir)
+        model, carried = _weights(model_dir, tokenizer, attn_implementation)
+    except ModelDirError:
+        raise
+    except (OSError, ValueError, KeyError) as err:  # transformers' own, from a damaged directory
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelDirError(
+            f"cannot load a causal LM and tokenizer from {model_dir.describe()}: {first}"
+        ) from err
     if carried is not None:
         if model_dir.kind == "adapter":  # the adapter's own record of its base, with its clear errors
             check_adapter_fits(model, model_dir.path)
