@@ -126,11 +126,7 @@ def generate(
     `prewarm`: first compile every bucket of `buckets` (which must then be given), as
     `prewarm_generation` does. See the module docstring for the shapes and syncs.
     """
-    options = resolve_options(
-        model,
-        tokenizer,
-        max_new_tokens=max_new_tokens,
-        max_batch_size=max_batch_size,
+    controls: dict[str, Any] = dict(
         temperature=temperature,
         top_k=top_k,
         eos_token_id=eos_token_id,
@@ -138,20 +134,27 @@ def generate(
         stop=stop,
         repetition_penalty=repetition_penalty,
     )
-    bounds = _bucket_bounds(buckets) if prewarm else []
+    options = resolve_options(
+        model, tokenizer, max_new_tokens=max_new_tokens, max_batch_size=max_batch_size, **controls
+    )
+    compiles_before = runtime.compile_count() if runtime.xla_imported() else 0
+    start = time.perf_counter()
+    if prewarm:
+        prewarm_generation(
+            model,
+            buckets=buckets,
+            max_new_tokens=max_new_tokens,
+            max_batch_size=max_batch_size,
+            tokenizer=tokenizer,
+            **controls,
+        )
     ids = prompt_ids(prompts, tokenizer)
     decoder = _Decoder(model, tokenizer, max_batch_size, stop_check_every, **options)
     sizes = [_bucket(len(p), buckets) for p in ids]
     budget = _cache_budget(max_new_tokens)
     out: list[list[int]] = [[] for _ in ids]
     finished = [False] * len(ids)
-    compiles_before = runtime.compile_count() if decoder.xla else 0
-    start = time.perf_counter()
     with _inference(model):
-        if decoder.xla and bounds:
-            with _seeded(decoder, seed):  # the real run below starts from `seed` again
-                for bucket in bounds:
-                    decoder.prewarm(bucket, budget)
         with _seeded(decoder, seed):
             for bucket, rows in _batches(sizes, max_batch_size):
                 tokens, ended = decoder.run([ids[i] for i in rows], bucket, budget, max_new_tokens)
