@@ -49,7 +49,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import inspect
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -418,26 +417,6 @@ def static_cache(model: Any, max_cache_len: int) -> Any:
             f"layer_types={layers or None}): {err}. Set config.layer_types to 'full_attention'/"
             "'sliding_attention' entries (and config.sliding_window to the window), or upgrade transformers"
         ) from err
-
-
-def load_pretrained(
-    model_dir: str | os.PathLike[str], *, attn_implementation: str = "eager"
-) -> tuple[Any, Any]:
-    """(model, tokenizer) from a local transformers checkpoint directory; ValueError when it is not one."""
-    path = os.fspath(model_dir)
-    if not os.path.isdir(path):
-        raise ValueError(f"model directory {path!r} does not exist")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"{path!r} is not a transformers checkpoint: it has no config.json")
-    import transformers as tf
-
-    try:
-        tokenizer = tf.AutoTokenizer.from_pretrained(path)
-        model = tf.AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn_implementation)
-    except (OSError, ValueError, KeyError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ValueError(f"cannot load a causal LM and tokenizer from {path!r}: {first}") from err
-    return model, tokenizer
 
 
 # ---- helpers -------------------------------------------------------------------------------
