@@ -58,6 +58,7 @@ from widgets.config_figures import (
 )
 from workbench.analysis.batch import max_batch_size
 from workbench.analysis.estimate import estimate as estimate_memory
+from workbench.analysis.estimate import preference_reference
 from workbench.backend.hardware import HardwareInfo
 from workbench.backend.targets import TARGETS, Target, mesh_factorisations, resolve_target, training_devices
 from workbench.config import ConfigError, TrainConfig, WorkbenchConfig
@@ -350,6 +351,7 @@ class ConfigPanel:
             lora_targets=cfg.lora.target_modules,
             quantize=cfg.model.quantize,
             loss_chunk_tokens=cfg.train.loss_chunk_tokens,
+            preference=preference_reference(cfg),
         )
 
     def _bucket_plan(self, cfg: WorkbenchConfig) -> tuple[Any, Any]:

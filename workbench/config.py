@@ -71,6 +71,8 @@ COLUMN_KEYS = (
     "input",
     "output",
     "text",
+    "chosen",
+    "rejected",
 )
 """The names `DataConfig.columns` maps onto: every column a record format reads (`workbench.data.formats`)."""
 
@@ -78,13 +80,13 @@ COLUMN_KEYS = (
 @dataclass
 class DataConfig:
     source: str = "embedded"
-    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records), a local file or directory of files, or a directory written by `datasets`' save_to_disk (a DatasetDict gives its 'train' split, or its only one)."""
+    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records), 'preference-sample' (the shipped prompt/chosen/rejected pairs, for `train.objective: dpo`), a local file or directory of files, or a directory written by `datasets`' save_to_disk (a DatasetDict gives its 'train' split, or its only one)."""
     format: Literal["auto", "text", "messages", "prompt_response", "alpaca", "sharegpt"] = "auto"
-    """Record format: 'messages' (lists of {role, content}); 'sharegpt' (conversations: lists of {from, value}, from in human/user, gpt/assistant/model, system); 'alpaca' (instruction, optional input, output, optional system; the user turn is instruction + blank line + input when input is not empty); 'prompt_response' (prompt, response, optional system; other columns such as scores are kept for `filter`); 'text' (the `text_field` column). 'auto' takes the first that fits, in that order, and says which. Configs written before `file_type` existed set a file type here: jsonl/json/csv/parquet move to `file_type`, and 'text' (now plain-text records) still reads a file of unknown extension as lines of text."""
+    """Record format: 'messages' (lists of {role, content}); 'sharegpt' (conversations: lists of {from, value}, from in human/user, gpt/assistant/model, system); 'alpaca' (instruction, optional input, output, optional system; the user turn is instruction + blank line + input when input is not empty); 'prompt_response' (prompt, response, optional system; other columns such as scores are kept for `filter`); 'text' (the `text_field` column). 'auto' takes the first that fits, in that order, and says which. Under `train.objective: dpo` records are pairs (prompt/chosen/rejected, chosen/rejected conversations, or scored responses with `pair_by`) and this field is not read. Configs written before `file_type` existed set a file type here: jsonl/json/csv/parquet move to `file_type`, and 'text' (now plain-text records) still reads a file of unknown extension as lines of text."""
     file_type: Literal["auto", "jsonl", "json", "csv", "parquet", "text"] = "auto"
     """How a local `source` file is read; 'auto' goes by the extension (.jsonl, .json, .csv, .parquet, .txt, .text). A save_to_disk directory is read as what it is."""
     columns: dict[str, str] | None = None
-    """Your column names for the format's own, e.g. {prompt: question, response: answer}; keys: prompt, response, system, messages, conversations, instruction, input, output, text (as `text_field`). On the command line: 'data.columns={prompt: question, response: answer}'."""
+    """Your column names for the format's own, e.g. {prompt: question, response: answer}; keys: prompt, response, system, messages, conversations, instruction, input, output, text (as `text_field`), and for preference pairs chosen, rejected. On the command line: 'data.columns={prompt: question, response: answer}'."""
     filter: str | list[str] | None = None
     """Rows to keep, before tokenising: 'column op literal' conditions (ops == != >= <= > <; literals: numbers, quoted strings, true, false, null) joined by 'and', or a list of such strings that must all hold; e.g. 'helpfulness >= 3 and verbosity <= 2'."""
     text_field: str = "text"
@@ -99,6 +101,8 @@ class DataConfig:
     """Longest sequence kept after tokenisation (longer ones go through `bucketing.overflow`)."""
     max_examples: int | None = None
     """Cap on the number of records used, counted after `filter` (None uses every one)."""
+    pair_by: str | None = None
+    """Preference data (`train.objective: dpo`) from scored responses, e.g. HelpSteer2's: the column whose score ranks the responses to one prompt; the best becomes `chosen`, the worst `rejected` (ties make no pair). None: records carry prompt/chosen/rejected themselves."""
     eval_fraction: float = 0.05
     """Fraction of examples held out for evaluation, in [0, 0.5]."""
 
@@ -215,6 +219,14 @@ class TrainConfig:
     """Distillation: softmax temperature of the KL term (the term is scaled by temperature squared)."""
     distill_hidden_weight: float = 0.0
     """Distillation: weight of the last-hidden-state MSE through a learned projection (0 disables it)."""
+    objective: Literal["sft", "dpo"] = "sft"
+    """'sft': next-token cross-entropy on the labelled tokens. 'dpo': direct preference optimisation on prompt/chosen/rejected pairs (`workbench.train.preference`)."""
+    dpo_beta: float = 0.1
+    """DPO: strength of the pull towards the reference model (the beta of the DPO and IPO losses)."""
+    dpo_loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    """DPO: 'sigmoid' (the DPO paper's -log sigmoid of the scaled margin) or 'ipo' (squared distance of the length-averaged margin from 1 / (2 beta))."""
+    dpo_reference: Literal["auto", "adapters_off", "copy", "precompute"] = "auto"
+    """DPO: where the reference log-probs come from. 'adapters_off': the same weights with the LoRA adapters switched off, in the same program; 'copy': a frozen copy of the starting model (its weights count in the memory estimate); 'precompute': one pass before training, stored with the dataset. 'auto': adapters_off under fresh LoRA adapters, precompute when the run continues an adapter (the reference is then the adapter's model), copy for a full fine-tune."""
 
 
 @dataclass
@@ -455,6 +467,7 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.distill_hidden_weight,
             "must be >= 0",
         )
+        require(obj.dpo_beta > 0, f"{p}dpo_beta", obj.dpo_beta, "must be > 0")
     elif isinstance(obj, LoraConfig):
         require(obj.rank >= 0, f"{p}rank", obj.rank, "must be >= 0 (0 turns LoRA off)")
         require(obj.alpha > 0, f"{p}alpha", obj.alpha, "must be > 0")
@@ -491,6 +504,32 @@ def _validate(obj: Any, prefix: str) -> None:
             f"must be 0 while bucketing.tokens_per_batch={obj.bucketing.tokens_per_batch} is set "
             "(the token budget fixes every batch size); unset one of them",
         )
+        _validate_preference(obj)
+
+
+def _validate_preference(cfg: WorkbenchConfig) -> None:
+    """``train.objective: dpo`` against the rest: a reference it can have, pairs it can batch."""
+    train = cfg.train
+    if train.objective != "dpo":
+        require(
+            cfg.data.pair_by is None,
+            "data.pair_by",
+            cfg.data.pair_by,
+            "pairs responses for preference tuning: set train.objective=dpo, or data.pair_by=null",
+        )
+        return
+    require(
+        train.dpo_reference != "adapters_off" or cfg.lora.rank > 0,
+        "train.dpo_reference",
+        train.dpo_reference,
+        "'adapters_off' needs LoRA adapters (lora.rank >= 1); without them use 'copy' or 'precompute'",
+    )
+    require(
+        not cfg.bucketing.packing,
+        "bucketing.packing",
+        cfg.bucketing.packing,
+        "must be false under train.objective=dpo: a pair's chosen and rejected answers are rows of their own",
+    )
 
 
 def _validate_columns(obj: DataConfig, p: str) -> None:

@@ -145,13 +145,28 @@ def run_summary(trainer: Any, result: Any, resume_step: int | None = None, saved
         ("tokens/s", _number(result.tokens_per_s, ",.0f")),
         ("compiles", f"{result.compiles_after_warmup} after warm-up ({result.warmup_compiles} in warm-up)"),
     ]
-    if result.eval_loss is not None:
+    last = result.history[-1] if result.history else {}
+    if last.get("reward_accuracy") is not None:  # preference tuning: the log step's rewards
+        rows.append(("rewards", _rewards(last["reward_accuracy"], last["reward_margin"])))
+    stats = getattr(result.eval_loss, "stats", None)
+    if stats:
+        rows.append(
+            (
+                "eval loss",
+                f"{result.eval_loss:.4f} ({_rewards(stats['reward_accuracy'], stats['reward_margin'])})",
+            )
+        )
+    elif result.eval_loss is not None:
         rows.append(("eval loss", f"{result.eval_loss:.4f} (perplexity {result.eval_perplexity:.2f})"))
     rows.append(("checkpoint", result.checkpoint_path or "none (set train.checkpoint_dir)"))
     if saved is not None:
         rows.append(("saved model", str(saved)))
     rows += [("notice", notice) for notice in result.notices]
     return "\n".join([head] + [f"  {name:<12}{value}" for name, value in rows])
+
+
+def _rewards(accuracy: float, margin: float) -> str:
+    return f"reward accuracy {accuracy:.1%}, margin {margin:.3f}"
 
 
 def _number(value: float | None, spec: str) -> str:
@@ -169,7 +184,15 @@ def _write_metrics(path: str | None, trainer: Any, result: Any, status: str) -> 
         "step": trainer.loop.step,
         "config": trainer.cfg.to_dict(),
         "hardware": trainer.hw.to_dict(),
-        "result": (done | {"eval_perplexity": result.eval_perplexity}) if result is not None else None,
+        "result": (
+            done
+            | {
+                "eval_perplexity": result.eval_perplexity,
+                "eval_stats": getattr(result.eval_loss, "stats", None),
+            }
+            if result is not None
+            else None
+        ),
         "history": history,
     }
     out = Path(path)

@@ -94,8 +94,26 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
     "param_casts",
     "grad_accum_buffer",
     "dequant",
+    "reference",
 )
 """Every key of `MemoryEstimate.breakdown`, in display order."""
+
+PREFERENCE_REFERENCES = ("adapters_off", "copy", "precompute")
+"""How a DPO run gets its reference log-probs (``train.dpo_reference`` resolved; `preference_reference`)."""
+
+
+def preference_reference(cfg: Any) -> str | None:
+    """The reference a `WorkbenchConfig` plans for under ``train.objective: dpo`` (None otherwise):
+    'auto' is 'adapters_off' under LoRA, 'copy' without (a run continuing trained adapters
+    precomputes instead, which needs less: the estimate stays on the safe side)."""
+    train = cfg.train
+    if train.objective != "dpo":
+        return None
+    if train.dpo_reference != "auto":
+        return str(train.dpo_reference)
+    return "adapters_off" if cfg.lora.rank else "copy"
+
+
 BREAKDOWN_MEANINGS: dict[str, str] = {
     "params": "the weights (a quantized base at its integer bytes and scales) and the LoRA adapters",
     "grads": "gradients of the trainable weights",
@@ -221,6 +239,8 @@ class MemoryEstimate:
     loss_chunk_positions: int | None = None
     """Positions per chunk of the LM head and loss (`workbench.models.lm_head.loss_chunk_length`);
     None: the whole batch's logits at once."""
+    preference: str | None = None
+    """A DPO step's reference (`PREFERENCE_REFERENCES`): each of the batch's pairs is two rows; None: SFT."""
 
     def fits(self, memory_bytes: int | None, headroom: float = 0.1) -> bool:
         """True when the estimate stays under `memory_bytes` less a `headroom` fraction (XLA's own
@@ -308,6 +328,7 @@ def estimate(
     quantize: str = "none",
     loss_chunk_tokens: int | str = "auto",
     memory_bytes: int | None = None,
+    preference: str | None = None,
 ) -> MemoryEstimate:
     """Per-device peak memory of one training step (forward, backward, optimizer update).
 
@@ -327,7 +348,16 @@ def estimate(
     `loss_chunk_tokens` (``train.loss_chunk_tokens``: tokens per chunk, 0 never, 'auto') sizes
     the logits term by `loss_chunk_length`; 'auto' plans for `memory_bytes`, the device's memory
     (None: `workbench.models.lm_head.REFERENCE_MEMORY`), as the trainer does.
+    `preference` (a DPO run's reference, `PREFERENCE_REFERENCES`; `preference_reference` reads it
+    from a config): `batch_size` counts pairs, each a chosen and a rejected row through the forward
+    and backward passes; 'copy' adds the frozen reference's weights in the compute precision. The
+    reference's own forward runs without gradients before the policy's and keeps nothing for the
+    backward pass, so it adds nothing at the step's peak.
     """
+    if preference is not None and preference not in PREFERENCE_REFERENCES:
+        raise ValueError(
+            f"preference={preference!r} is not allowed: None (SFT) or one of {', '.join(map(repr, PREFERENCE_REFERENCES))}"
+        )
     shape = model_shape(model_config)
     if attention is not None:
         if attention not in ATTENTIONS:
@@ -347,7 +377,8 @@ def estimate(
     shard = sizes["fsdp"] * sizes["model"]  # parameter/state sharding
     mp = sizes["model"]
     per_device_batch = batch_size // dp
-    tokens = per_device_batch * seq_len
+    rows = per_device_batch * (2 if preference is not None else 1)  # a pair is two rows
+    tokens = rows * seq_len
     n = shape.num_parameters
 
     if quantize not in QUANTIZE_MODES:
@@ -391,7 +422,7 @@ def estimate(
     # positions per loss chunk (None: the whole batch's logits at once)
     chunk = loss_chunk_length(
         loss_chunk_tokens,
-        rows=per_device_batch,
+        rows=rows,
         length=seq_len,
         vocab=shape.vocab,
         memory_bytes=memory_bytes,
@@ -425,8 +456,10 @@ def estimate(
     # logits and log-softmax in fp32 plus their gradients (vocab-parallel under a model axis), for
     # the whole batch or, chunked, one chunk of positions of every row
     breakdown["logits"] = logits_bytes(
-        rows=per_device_batch, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp
+        rows=rows, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp
     )
+    if preference == "copy":  # the frozen reference: the starting weights again, in the compute precision
+        breakdown["reference"] = math.ceil((plain * nbytes.compute + q_bytes) / shard)
     breakdown["inputs"] = tokens * 2 * 8  # input_ids and labels, int64
 
     return MemoryEstimate(
@@ -447,6 +480,7 @@ def estimate(
         base_weight_bytes=base_weight_bytes,
         unquantized_weight_bytes=math.ceil(n * nbytes.param / shard),
         loss_chunk_positions=chunk,
+        preference=preference,
     )
 
 

@@ -57,6 +57,19 @@ class IntervalMetrics(TypedDict):
     """Why each compile after warm-up happened, aligned with `recompile_steps`: the inputs whose
     shape or dtype changed and the Python frame that triggered it (`workbench.analysis.recompiles`)."""
     grad_norm: float | None
+    reward_accuracy: float | None
+    """Preference tuning (``train.objective: dpo``): the log step's share of pairs whose chosen answer the
+    policy rewards above the rejected one (reward = beta x (policy - reference) log-prob); None otherwise."""
+    reward_margin: float | None
+    """Preference tuning: the log step's mean chosen reward minus rejected reward."""
+    chosen_logp: float | None
+    """Preference tuning: the policy's mean summed log-prob of the chosen answers at the log step."""
+    rejected_logp: float | None
+    """Preference tuning: the policy's mean summed log-prob of the rejected answers at the log step."""
+    eval_reward_accuracy: float | None
+    """Preference tuning: `reward_accuracy` over the held-out pairs, when an eval ran in the interval."""
+    eval_reward_margin: float | None
+    """Preference tuning: `reward_margin` over the held-out pairs, when an eval ran in the interval."""
 
 
 class RunMetrics(IntervalMetrics):
@@ -80,6 +93,16 @@ class RunMetrics(IntervalMetrics):
 
 INTERVAL_KEYS: tuple[str, ...] = tuple(get_type_hints(IntervalMetrics))
 """Every key `StepProfiler` reports for an interval, in declaration order."""
+
+PREFERENCE_KEYS: tuple[str, ...] = (
+    "reward_accuracy",
+    "reward_margin",
+    "chosen_logp",
+    "rejected_logp",
+    "eval_reward_accuracy",
+    "eval_reward_margin",
+)
+"""The interval keys only preference tuning fills (None in any other run)."""
 
 METRIC_KEYS: tuple[str, ...] = tuple(get_type_hints(RunMetrics))
 """Every key of a callback's metrics dict: the interval's, then the run's."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from workbench.analysis.flops import mfu
-from workbench.analysis.metrics import INTERVAL_KEYS, IntervalMetrics, perplexity
+from workbench.analysis.metrics import INTERVAL_KEYS, PREFERENCE_KEYS, IntervalMetrics, perplexity
 from workbench.analysis.recompiles import RecompileTracker, input_signatures
 from workbench.backend import compile_log, runtime
 
@@ -76,6 +76,8 @@ class StepProfiler:
     explained in ``recompile_causes`` and the advice (`recompiles`).
     `sync_at_log`: at a log step with no loss to read, wait for the device so the interval's
     time is the device's, not the host's.
+    `stat_names`: the metrics keys of the objective's own figures (a DPO run's `STAT_NAMES`), in the
+    order of the 1-D tensor `step` takes as ``stats``; the eval's come as ``eval_loss.stats``.
     """
 
     low_mfu_threshold = 0.2
@@ -93,6 +95,7 @@ class StepProfiler:
         memory_estimate_bytes: int | None = None,
         warmup_steps: int = 3,
         sync_at_log: bool = True,
+        stat_names: Sequence[str] = (),
     ) -> None:
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise ValueError(f"log_every={log_every!r} is not allowed: an int >= 1")
@@ -106,6 +109,7 @@ class StepProfiler:
         self.memory_estimate_bytes = memory_estimate_bytes
         self.warmup_steps = warmup_steps
         self.sync_at_log = sync_at_log
+        self.stat_names = tuple(stat_names)
         self.history: list[dict[str, Any]] = []
         self._xla = hw.via_xla if hw is not None else runtime.xla_imported()
         self._cuda = hw is not None and hw.backend == "cuda" and not hw.via_xla
@@ -172,6 +176,7 @@ class StepProfiler:
         log: bool | None = None,
         grad_norm: Any = None,
         inputs: Any = None,
+        stats: Any = None,
     ) -> IntervalMetrics | None:
         """Record one optimizer step of `tokens` real tokens. Returns the metrics dict at a log
         step (every `log_every` steps, or when `log=True`), else None.
@@ -183,6 +188,7 @@ class StepProfiler:
 
         `inputs`: the step's batch (a dict of tensors) or its batches (a list of dicts, one per
         accumulation step), for the recompile forensics: only their shapes and dtypes are read.
+        `stats`: the objective's figures (`stat_names`), a 1-D tensor read like the loss.
         """
         self._step += 1
         self._tokens_seen += int(tokens)
@@ -205,19 +211,22 @@ class StepProfiler:
             log = self._step % self.log_every == 0
         if not log:
             return None
-        return self._log(loss, lr, eval_loss, grad_norm)
+        return self._log(loss, lr, eval_loss, grad_norm, stats)
 
     def _explain_recompile(self, programs: int, signatures: Any) -> None:
         log_on = self._compile_log is not None and self._compile_log.path is not None
         records = self._compile_log.new_records() if log_on else []
         self.recompiles.observe(self._step, signatures, programs, records, log_on=log_on)
 
-    def _log(self, loss: Any, lr: float | None, eval_loss: float | None, grad_norm: Any) -> IntervalMetrics:
+    def _log(
+        self, loss: Any, lr: float | None, eval_loss: float | None, grad_norm: Any, stats: Any
+    ) -> IntervalMetrics:
         # counters first: the profiler's own reads of the loss and grad norm are not the user's transfers
         compiles, compile_time, transfers = self._counters()
         in_interval = self.recompiles.recompiles[self._interval_first_recompile :]
         loss_value = _to_float(loss)
         grad_norm_value = _to_float(grad_norm)
+        figures = self._objective_figures(stats, eval_loss)
         if loss_value is None and self._xla and self.sync_at_log:
             runtime.wait_device_ops()
         now = time.perf_counter()
@@ -245,7 +254,7 @@ class StepProfiler:
             "tokens_seen": self._tokens_seen,
             "elapsed_s": now - self._start,
             "eval_loss": float(eval_loss) if eval_loss is not None else None,
-            "eval_perplexity": perplexity(eval_loss),
+            "eval_perplexity": getattr(eval_loss, "perplexity", perplexity(eval_loss)),
             "steps_in_interval": steps,
             "interval_s": interval,
             "input_wait_s": self._interval_wait,
@@ -254,10 +263,22 @@ class StepProfiler:
             "recompile_steps": [r.step for r in in_interval],
             "recompile_causes": [r.describe() for r in in_interval],
             "grad_norm": grad_norm_value,
+            **figures,
         }
         self.history.append(metrics)
         self._open_interval(time.perf_counter(), after_read)
         return metrics
+
+    def _objective_figures(self, stats: Any, eval_loss: Any) -> dict[str, float | None]:
+        """The preference figures of the contract: the step's `stats` (one read) and the eval's, else None."""
+        figures: dict[str, float | None] = dict.fromkeys(PREFERENCE_KEYS)
+        if stats is not None and self.stat_names:
+            values = stats.detach().cpu().tolist() if hasattr(stats, "detach") else list(stats)
+            figures.update((k, float(v)) for k, v in zip(self.stat_names, values) if k in figures)
+        for name, value in (getattr(eval_loss, "stats", None) or {}).items():
+            if f"eval_{name}" in figures:
+                figures[f"eval_{name}"] = float(value)
+        return figures
 
     def _device_memory(self) -> tuple[int | None, int | None]:
         limit = self.memory_limit_bytes

@@ -10,12 +10,20 @@ from workbench.data.buckets import STRATEGIES, BucketPlan, padded_tokens_for, pl
 from workbench.data.collate import (
     BucketCollator,
     PackedCollator,
+    PairCollator,
     pack_plan,
     pack_sequences,
     packing_efficiency,
 )
-from workbench.data.corpus import ASSETS, CHAT_SAMPLE, embedded_corpus, generate_chat_sample
+from workbench.data.corpus import (
+    ASSETS,
+    CHAT_SAMPLE,
+    PREFERENCE_SAMPLE,
+    embedded_corpus,
+    generate_chat_sample,
+)
 from workbench.data.loader import make_loader, plan_for_config, prewarm, synthetic_batch, training_epochs
+from workbench.data.preference import is_pair_dataset, load_pairs, tokenize_pairs
 from workbench.data.records import (
     IGNORE_INDEX,
     build_datasets,
@@ -32,12 +40,14 @@ __all__ = [
     "CHAT_SAMPLE",
     "CHAT_TEMPLATE",
     "IGNORE_INDEX",
+    "PREFERENCE_SAMPLE",
     "STRATEGIES",
     "BucketBatchSampler",
     "BucketChoice",
     "BucketCollator",
     "BucketPlan",
     "PackedCollator",
+    "PairCollator",
     "build_datasets",
     "cache_root",
     "chat_token_ids",
@@ -45,6 +55,8 @@ __all__ = [
     "embedded_corpus",
     "generate_chat_sample",
     "get_tokenizer",
+    "is_pair_dataset",
+    "load_pairs",
     "load_records",
     "make_loader",
     "pack_plan",
@@ -55,6 +67,7 @@ __all__ = [
     "plan_for_config",
     "prewarm",
     "synthetic_batch",
+    "tokenize_pairs",
     "tokenize_records",
     "train_tokenizer",
     "training_epochs",

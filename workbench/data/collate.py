@@ -3,6 +3,8 @@
 `BucketCollator` pads ``input_ids``/``attention_mask``/``labels`` to the boundary of the
 batch's bucket (or, without boundaries, to its longest member rounded up to ``multiple_of``).
 Padding positions get the label `IGNORE_INDEX`, so they add nothing to the loss.
+`PairCollator` does the same for preference pairs, the chosen and rejected side of each pair on
+adjacent rows.
 
 Packing puts several sequences in one row of fixed length instead: `pack_plan` groups them
 (best-fit decreasing), `pack_sequences` builds the rows, `packing_efficiency` says how full
@@ -100,6 +102,47 @@ class BucketCollator:
             labels[row, : len(labs)] = torch.as_tensor(labs, dtype=torch.long)
             mask[row, : len(ids)] = 1
         return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+class PairCollator:
+    """Preference pairs (`workbench.data.preference.tokenize_pairs`) as one padded batch of ``2B`` rows.
+
+    Rows are interleaved, row ``2i`` the chosen side of pair ``i`` and row ``2i + 1`` its rejected
+    side, so a loss reads the sides as ``[0::2]`` and ``[1::2]``, and any split of the batch along
+    its rows that keeps an even count keeps pairs whole. Padding and cutting are `BucketCollator`'s
+    (the bucket of the longest of all ``2B`` sequences, which is the bucket the sampler chose by
+    each pair's ``length``). Examples carrying ``reference_chosen_logp`` and
+    ``reference_rejected_logp`` (a precomputed reference) add ``reference_logps``, float32 ``[2B]``
+    in the same order.
+    """
+
+    def __init__(
+        self,
+        pad_token_id: int,
+        boundaries: Sequence[int] | None,
+        max_length: int | None = None,
+        *,
+        multiple_of: int = 1,
+    ) -> None:
+        self.rows = BucketCollator(pad_token_id, boundaries, max_length, multiple_of=multiple_of)
+
+    def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        rows = []
+        for example in examples:
+            rows.append({"input_ids": example["input_ids"], "labels": example["labels"]})
+            rows.append({"input_ids": example["rejected_input_ids"], "labels": example["rejected_labels"]})
+        batch = self.rows(rows)
+        keys = ("reference_chosen_logp", "reference_rejected_logp")
+        carried = [all(e.get(k) is not None for k in keys) for e in examples]
+        if all(carried):
+            logps = [float(e[k]) for e in examples for k in keys]
+            batch["reference_logps"] = torch.tensor(logps, dtype=torch.float32)
+        elif any(carried):
+            raise ValueError(
+                f"{carried.count(False)} of {len(examples)} pairs in a batch lack {' and '.join(keys)}: "
+                "a precomputed reference must cover every pair"
+            )
+        return batch
 
 
 # ---- packing ---------------------------------------------------------------------------------
@@ -277,7 +320,8 @@ class RowDataset(torch.utils.data.Dataset):
 
 class FillerMasked(torch.utils.data.Dataset):
     """`dataset` with the fillers of a ``fill_last`` sampler: index ``-1 - i`` is example ``i`` with no
-    labels, so a batch keeps its full shape and the loss counts every real example exactly once."""
+    labels, so a batch keeps its full shape and the loss counts every real example exactly once.
+    Every label key is masked (a preference pair's ``rejected_labels`` beside its ``labels``)."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
@@ -290,5 +334,10 @@ class FillerMasked(torch.utils.data.Dataset):
             return self.dataset[index]
         example = self.dataset[-1 - index]
         ids, _ = ids_and_labels(example)
-        fields = dict(example) if isinstance(example, dict) else {"input_ids": ids}
-        return {**fields, "labels": [IGNORE_INDEX] * len(ids)}
+        if not isinstance(example, dict):
+            return {"input_ids": ids, "labels": [IGNORE_INDEX] * len(ids)}
+        fields = {**example, "labels": [IGNORE_INDEX] * len(ids)}
+        for key in example:  # e.g. rejected_labels, masked to the length of rejected_input_ids
+            if key.endswith("_labels"):
+                fields[key] = [IGNORE_INDEX] * len(example[key.removesuffix("labels") + "input_ids"])
+        return fields

@@ -1,4 +1,4 @@
-"""The text the defaults train on, shipped with Python: the embedded corpus and the chat sample.
+"""The text the defaults train on, shipped with Python: the embedded corpus, the chat sample and the preference sample.
 
 **The embedded corpus** (`embedded_corpus`) is real English technical prose that ships with
 Python itself, so the defaults need no download: the 79 topics of ``pydoc_data.topics`` (the
@@ -16,6 +16,14 @@ That spread is what makes bucketing matter.
 about stdlib functions answered with the first paragraph of their docstrings, most as
 ``messages`` lists, some as prompt/response; `generate_chat_sample` is how it was made.
 `workbench.data.records.load_records` reads both by name ("embedded", "chat-sample").
+
+**The preference sample** (`PREFERENCE_SAMPLE`, the shipped ``assets/preference_sample.jsonl``)
+holds 120 prompt/chosen/rejected records (some with a ``system``) for ``train.objective: dpo``
+(``data.source: preference-sample``, read by `workbench.data.preference.load_pairs`): the
+chat sample's questions; chosen answers polite, one short complete sentence from the docstring
+ending with a period; rejected answers curt, rude or off-topic, without one. The style is
+consistent so a small model trained a few dozen steps visibly prefers the chosen answers.
+`generate_preference_sample` is how it was made.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CHAT_SAMPLE = ASSETS / "chat_sample.jsonl"
+PREFERENCE_SAMPLE = ASSETS / "preference_sample.jsonl"
 
 # Standard-library modules whose docstrings join the corpus: importing them has no side effects.
 _DOC_MODULES = (
@@ -210,6 +219,69 @@ def generate_chat_sample(path: str | os.PathLike[str] = CHAT_SAMPLE, limit: int 
                 {"role": "assistant", "content": f"`{qualname}{signature}`"},
             ]
         records.append({"messages": messages})
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return len(records)
+
+
+# ---- how the shipped preference sample was made ------------------------------------------------
+
+_OPENERS = ("Happy to help!", "Good question.", "Glad you asked.", "Thanks for asking.", "Sure, gladly.")
+_REJECTED = (
+    "look it up yourself",
+    "why are you asking me",
+    "not my problem, read the docs",
+    "no idea and I do not care",
+    "ugh, it does stuff",
+    "figure it out",
+    "who even uses that",
+    "I had pizza for lunch",
+    "the weather is nice today lol",
+    "ask someone else",
+    "whatever",
+    "do you even code",
+)
+_PREFERENCE_SYSTEM = "You are a polite assistant for Python questions."
+
+
+def _first_sentence(text: str, max_chars: int = 110) -> str | None:
+    """The answer's first sentence, ending with a period; None when it is too long to be short."""
+    sentence = re.split(r"(?<=\.)\s", text.strip(), maxsplit=1)[0].rstrip(" .;:")
+    return f"{sentence}." if 10 <= len(sentence) <= max_chars else None
+
+
+def generate_preference_sample(
+    path: str | os.PathLike[str] = PREFERENCE_SAMPLE, limit: int = 120, seed: int = 0
+) -> int:
+    """Write the preference sample from the chat sample's first question and answer per record.
+
+    Chosen: a polite opener and the answer's first sentence (ending with a period); rejected: a
+    curt, rude or off-topic line without a final period. Every fourth record has a system turn.
+    Returns the record count.
+    """
+    rng = random.Random(seed)
+    records = []
+    with open(CHAT_SAMPLE, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    for row in rows:
+        if "messages" in row:
+            turns = [m for m in row["messages"] if m["role"] != "system"]
+            question, answer = turns[0]["content"], turns[1]["content"]
+        else:
+            question, answer = row["prompt"], row["response"]
+        sentence = _first_sentence(answer)
+        if sentence is None:
+            continue
+        record = {"prompt": question}
+        if len(records) % 4 == 3:
+            record = {"system": _PREFERENCE_SYSTEM, **record}
+        record["chosen"] = f"{rng.choice(_OPENERS)} {sentence[0].upper()}{sentence[1:]}"
+        record["rejected"] = rng.choice(_REJECTED)
+        records.append(record)
+        if len(records) == limit:
+            break
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         for record in records:

@@ -2,7 +2,8 @@
 
 `make_loader` puts the pieces together: a bucket plan (`plan_for_config`, from
 `workbench.data.buckets`), a `BucketBatchSampler` and a collator that pads to the bucket
-boundary; or, with ``cfg.bucketing.packing``, packed rows of ``data.max_length`` tokens.
+boundary (`PairCollator` for preference pairs, two rows a pair); or, with
+``cfg.bucketing.packing``, packed rows of ``data.max_length`` tokens.
 
 XLA compiles one program per input shape, so a program first met mid-run stalls the loop
 while it compiles. `prewarm` runs the step once per shape the sampler lists
@@ -25,10 +26,12 @@ from workbench.data.collate import (
     BucketCollator,
     FillerMasked,
     PackedCollator,
+    PairCollator,
     RowDataset,
     ids_and_labels,
     pack_sequences,
 )
+from workbench.data.preference import is_pair_dataset
 from workbench.data.sampler import BucketBatchSampler
 
 # ---- prewarm ---------------------------------------------------------------------------------
@@ -196,8 +199,10 @@ def make_loader(
     """The training loader for `cfg`: bucketed batches, or packed rows when ``cfg.bucketing.packing``.
 
     `dataset` has ``input_ids`` (and ``labels``, ``length``) per example, e.g. from
-    `workbench.data.build_datasets`. Batch sizes: ``cfg.bucketing.tokens_per_batch`` when set,
-    else ``cfg.train.batch_size``, rounded down to a multiple of ``dp_size``. The returned
+    `workbench.data.build_datasets`; preference pairs (``rejected_input_ids`` too) are batched by
+    pairs and collated by `PairCollator` into twice as many rows. Batch sizes (in pairs for pairs):
+    ``cfg.bucketing.tokens_per_batch`` when set, else ``cfg.train.batch_size``, rounded down to a
+    multiple of ``dp_size``. The returned
     sampler (also ``loader.batch_sampler``) has ``batch_shapes()`` for prewarm, ``set_epoch``,
     ``state_dict``/``load_state_dict`` and ``report()``. `epochs`: passes the run makes over
     `dataset`, for ``max_buckets: auto`` (default: `training_epochs`). `fill_last` (evaluation):
@@ -215,6 +220,15 @@ def make_loader(
     )
     if len(dataset) == 0:
         raise ValueError("the dataset is empty: nothing to load")
+    pairs = is_pair_dataset(dataset)
+    if pairs and b.tokens_per_batch is not None:
+        # a pair is two rows of the bucket's length: the collated batch holds the budget
+        sizes = {"tokens_per_batch": max(1, b.tokens_per_batch // 2)}
+    if b.packing and pairs:
+        raise ValueError(
+            "bucketing.packing=True is not allowed for preference pairs: a pair's chosen and rejected "
+            "answers are rows of their own; set bucketing.packing=false"
+        )
     if b.packing:
         examples = _examples_of(dataset)
         too_long = [i for i, e in enumerate(examples) if len(e["input_ids"]) > max_length]
@@ -273,6 +287,8 @@ def make_loader(
         sampler.notes["bucket_choice"] = plan.choice.summary()
     # multiple_of matters only without boundaries (strategy "none"): the collator rounds each
     # batch's longest member up to it, and the sampler must list those lengths for prewarm.
-    collate = BucketCollator(pad_token_id, boundaries, max_length, multiple_of=b.multiple_of)
+    # Pairs: the sampler batches B pairs by their longer member; the collator makes 2B rows.
+    rows = PairCollator if pairs else BucketCollator
+    collate = rows(pad_token_id, boundaries, max_length, multiple_of=b.multiple_of)
     source = FillerMasked(dataset) if fill_last else dataset
     return DataLoader(source, batch_sampler=sampler, collate_fn=collate), sampler

@@ -326,6 +326,9 @@ def build_datasets(
 ) -> tuple[Any, Any, Any]:
     """(train, eval or None, tokenizer) for `cfg`: load, tokenise, split, and shard train by host.
 
+    Under ``train.objective: dpo`` the examples are preference pairs
+    (`workbench.data.preference.load_pairs`, `tokenize_pairs`); otherwise SFT records.
+
     The eval split is a seeded random `data.eval_fraction` of the examples (at least one when
     the fraction is above 0); on a multi-host run each host keeps its equal share of the train
     split (`workbench.backend.multihost.shard_for_host`; the remainder is left out).
@@ -333,8 +336,13 @@ def build_datasets(
     tokenizer = (
         tokenizer if tokenizer is not None else get_tokenizer(cfg.data, cache_dir, cfg.model.pretrained_path)
     )
-    records = load_records(cfg.data, cache_dir)
-    tokenized = tokenize_records(records, tokenizer, cfg.data)
+    if cfg.train.objective == "dpo":
+        # preference pairs (`workbench.data.preference`, which builds on this module: imported here)
+        from workbench.data import preference
+
+        tokenized = preference.tokenize_pairs(preference.load_pairs(cfg.data, cache_dir), tokenizer, cfg.data)
+    else:
+        tokenized = tokenize_records(load_records(cfg.data, cache_dir), tokenizer, cfg.data)
     if len(tokenized) == 0:
         raise ValueError(f"data.source={cfg.data.source!r} gave no usable examples after tokenisation")
     eval_ds = None

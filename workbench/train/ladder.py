@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench.analysis.batch import max_batch_size
+from workbench.analysis.estimate import preference_reference
 from workbench.config import WorkbenchConfig
 
 
@@ -62,6 +63,7 @@ def memory_batch_cap(
                 lora_targets=cfg.lora.target_modules,
                 quantize=cfg.model.quantize,
                 loss_chunk_tokens=train.loss_chunk_tokens,
+                preference=preference_reference(cfg),
             )
         )
     except Exception as err:  # an estimate that cannot be made must not stop training

@@ -39,12 +39,33 @@ Batch = dict[str, torch.Tensor]
 
 
 class EvalLoss(float):
-    """The mean next-token eval loss (a float, as before), with its perplexity beside it."""
+    """The mean eval loss (a float, as before), with its perplexity beside it, and the objective's
+    own averages (`stats`: a DPO eval's reward accuracy and margin, chosen and rejected log-probs)."""
+
+    stats: dict[str, float]
+
+    def __new__(cls, value: Any, stats: dict[str, float] | None = None) -> EvalLoss:
+        loss = super().__new__(cls, value)
+        loss.stats = dict(stats or {})
+        return loss
 
     @property
-    def perplexity(self) -> float:
-        """exp(loss): inf where it overflows."""
-        return perplexity(self)
+    def perplexity(self) -> float | None:
+        """exp(loss) of a next-token loss: inf where it overflows; None for a loss of another kind (DPO)."""
+        return None if self.stats else perplexity(self)
+
+
+def autocast_for(precision: str, device: Any, xla: bool) -> contextlib.AbstractContextManager:
+    """The autocast of a step under `precision` on `device` ('bf16-mixed': bf16; else none)."""
+    if precision != "bf16-mixed":
+        return contextlib.nullcontext()
+    if xla:
+        return torch.autocast("xla", dtype=torch.bfloat16)
+    if torch.device(device).type == "cuda":
+        if not torch.cuda.is_bf16_supported():
+            return contextlib.nullcontext()  # the trainer says so once
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
 def clip_grad_norm_fp32(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -91,10 +112,17 @@ class StepEngine:
             train.max_grad_norm,
         )
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        # the eval loss chunks as the training objective does (train.loss_chunk_tokens), without a notice
-        self.eval_objective = CausalLMObjective(getattr(objective, "chunking", None))
+        # the eval loss chunks as the training objective does (train.loss_chunk_tokens), without a notice;
+        # an objective with an eval of its own (DPO: the loss and rewards of held-out pairs) gives it
+        for_eval = getattr(objective, "for_eval", None)
+        self.eval_objective = (
+            for_eval() if for_eval else CausalLMObjective(getattr(objective, "chunking", None))
+        )
+        self.stat_names: tuple[str, ...] = tuple(getattr(objective, "stat_names", ()))
+        """What the objective reports beside its loss, as sums over the count it returns (``tokens``)."""
         self._loss_acc: torch.Tensor | None = None
         self._tokens_acc: torch.Tensor | None = None
+        self._stat_acc: dict[str, torch.Tensor] = {}
 
     @property
     def micro_steps(self) -> int:
@@ -102,16 +130,7 @@ class StepEngine:
         return self.grad_accum * self.loop.split
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.precision != "bf16-mixed":
-            return contextlib.nullcontext()
-        device_type = torch.device(self.device).type
-        if self.xla:
-            return torch.autocast("xla", dtype=torch.bfloat16)
-        if device_type == "cuda":
-            if not torch.cuda.is_bf16_supported():
-                return contextlib.nullcontext()  # the trainer says so once
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+        return autocast_for(self.precision, self.device, self.xla)
 
     def sync(self) -> None:
         if self.xla:
@@ -135,6 +154,9 @@ class StepEngine:
         with torch.no_grad():
             self._loss_acc = torch.zeros((), dtype=torch.float32, device=self.device)
             self._tokens_acc = torch.zeros((), dtype=torch.float32, device=self.device)
+            self._stat_acc = {
+                name: torch.zeros((), dtype=torch.float32, device=self.device) for name in self.stat_names
+            }
         self._clear_gradients()
         self.sync()
 
@@ -147,6 +169,8 @@ class StepEngine:
         with torch.no_grad():
             self._loss_acc.zero_()
             self._tokens_acc.zero_()
+            for acc in self._stat_acc.values():
+                acc.zero_()
         self._clear_gradients()
 
     def _clear_gradients(self) -> None:
@@ -165,6 +189,8 @@ class StepEngine:
         with torch.no_grad():
             self._loss_acc.add_(out["loss_sum"].detach().float())
             self._tokens_acc.add_(out["tokens"].float())
+            for name, value in out.get("stats", {}).items():
+                self._stat_acc[name].add_(value.detach().float())
 
     def _update(self) -> dict[str, torch.Tensor]:
         """Scale accumulated gradients to the token mean, clip, step; returns device tensors to log."""
@@ -180,10 +206,18 @@ class StepEngine:
         self.scheduler.step()
         with torch.no_grad():
             loss = self._loss_acc * inv_tokens
+            # one stacked tensor: the profiler reads every figure in one transfer at a log step
+            stats = (
+                torch.stack([self._stat_acc[n] for n in self.stat_names]) * inv_tokens
+                if self.stat_names
+                else None
+            )
         self.clear()
         out = {"loss": loss}
         if grad_norm is not None:
             out["grad_norm"] = grad_norm.detach()
+        if stats is not None:
+            out["stats"] = stats
         return out
 
     def split_batch(self, batch: Batch) -> list[Batch]:
@@ -229,10 +263,15 @@ class StepEngine:
 
     # ---- eval ----
     def eval_loss(self, batches: Iterable[Batch], max_batches: int | None = None) -> EvalLoss:
-        """Mean next-token loss over device batches (with ``.perplexity``): one program per shape,
-        one host read at the end."""
-        total = torch.zeros((), dtype=torch.float32, device=self.device)
-        count = torch.zeros((), dtype=torch.float32, device=self.device)
+        """Mean eval loss over device batches (next-token, with ``.perplexity``; or the objective's own,
+        with its ``.stats``: a DPO run's): one program per shape, one host read at the end."""
+        names = tuple(getattr(self.eval_objective, "stat_names", ()))
+        # a tensor of its own per sum: one shared zero would be one program input in the first
+        # batch and several in the next, two programs for one shape
+        sums = {
+            name: torch.zeros((), dtype=torch.float32, device=self.device)
+            for name in ("loss_sum", "tokens", *names)
+        }
         self.sync()
         self.model.eval()
         for i, batch in enumerate(batches):
@@ -240,8 +279,10 @@ class StepEngine:
                 break
             with torch.no_grad(), self.autocast():
                 out = self.eval_objective(self.model, batch)
-            total = total + out["loss_sum"]
-            count = count + out["tokens"]
+            figures = {"loss_sum": out["loss_sum"], "tokens": out["tokens"], **out.get("stats", {})}
+            sums = {name: sums[name] + figures[name] for name in sums}
             self.sync()
         self.model.train()
-        return EvalLoss((total / count.clamp(min=1.0)).cpu())
+        means = torch.stack([sums[name] for name in ("loss_sum", *names)]) / sums["tokens"].clamp(min=1.0)
+        loss, *stats = means.cpu().tolist()  # the one read
+        return EvalLoss(loss, dict(zip(names, stats)))

@@ -24,6 +24,7 @@ import torch
 from workbench.backend import runtime
 from workbench.data.bucket_choice import BucketChoice
 from workbench.data.loader import dataset_lengths, make_loader, training_epochs
+from workbench.data.preference import is_pair_dataset
 from workbench.data.records import IGNORE_INDEX
 from workbench.data.sampler import BucketBatchSampler
 
@@ -171,9 +172,12 @@ class TrainingData:
         return ({k: v.to(self.device) for k, v in b.items()} for b in loader)
 
     def shapes(self, batch_size: int, dataset: Any) -> list[tuple[int, int]]:
-        """Every (batch, length) the loader for `dataset` can emit at `batch_size`."""
+        """Every (rows, length) the loader for `dataset` can emit at `batch_size`: the collated batch's
+        shape, so a preference pair counts two rows (the sampler batches pairs, `PairCollator`
+        gives each side a row)."""
         _, sampler = self.loader(dataset, batch_size)
-        return sorted({tuple(s) for s in sampler.batch_shapes()})
+        rows = 2 if is_pair_dataset(dataset) else 1
+        return sorted({(rows * int(s[0]), int(s[1])) for s in sampler.batch_shapes()})
 
     def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Move one host batch exactly as the stream does (same sharding, so the same program)."""

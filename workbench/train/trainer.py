@@ -52,6 +52,7 @@ from workbench.train.lora import apply_lora, save_model
 from workbench.train.objective import CausalLMObjective, LossChunking
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import build_optimizer, warmup_cosine
+from workbench.train.preference import preference_objective, prepare_reference
 from workbench.train.run_checkpoints import RunCheckpoints
 from workbench.train.start import StartingModel, starting_model
 from workbench.train.state import LoopState, TrainingState
@@ -88,8 +89,8 @@ class TrainResult:
 
     @property
     def eval_perplexity(self) -> float | None:
-        """exp(eval_loss), if an eval ran."""
-        return perplexity(self.eval_loss)
+        """exp(eval_loss), if a next-token eval ran."""
+        return getattr(self.eval_loss, "perplexity", perplexity(self.eval_loss))
 
 
 class Trainer:
@@ -140,6 +141,7 @@ class Trainer:
             batch_sharding=batch_sharding(self.mesh) if self.mesh is not None else None,
         )
         self.model = run_model(cfg, model, self.tokenizer, xla=self.xla, notice=self._notice)
+        self.reference = prepare_reference(cfg, self.model, self._notice)  # DPO: read before placing
         self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher = teacher
         self.objective = build_objective(self, teacher)
@@ -354,6 +356,7 @@ class Trainer:
             eval_loss=eval_loss,
             log=is_log,
             grad_norm=out.get("grad_norm"),
+            stats=out.get("stats"),
             inputs=batches,  # shapes and dtypes only: what each recompilation changed
         )
         if metrics is not None:
@@ -504,7 +507,8 @@ def place(module: torch.nn.Module, mesh: Any, device: Any) -> Any:
 
 
 def build_objective(trainer: Trainer, teacher: torch.nn.Module | None) -> torch.nn.Module:
-    """Next-token cross-entropy, or distillation from `teacher` when one is given, for the trainer's
+    """Next-token cross-entropy, DPO (``train.objective: dpo``: `workbench.train.preference`), or
+    distillation from `teacher` when one is given, for the trainer's
     (placed) model; the loss in chunks as ``train.loss_chunk_tokens`` says for this run's devices
     (`LossChunking`: one device's memory, the rows it holds, the vocabulary's split), with one
     notice when it chunks."""
@@ -516,6 +520,8 @@ def build_objective(trainer: Trainer, teacher: torch.nn.Module | None) -> torch.
         data_parallel=spec.dp_size if spec is not None else 1,
         model_parallel=spec.model if spec is not None else 1,
     )
+    if trainer.reference is not None:
+        return preference_objective(trainer, chunking, place)
     if teacher is None:
         return CausalLMObjective(chunking, notice=trainer._notice).to(device)
     settings = DistillSettings(train.distill_alpha, train.distill_temperature, train.distill_hidden_weight)
@@ -548,6 +554,7 @@ def make_profiler(trainer: Trainer, *, prewarmed: bool) -> StepProfiler:
         log_every=trainer.cfg.train.log_every,
         # after a prewarm every compile is a recompilation; without one, the first steps compile
         warmup_steps=0 if prewarmed else 3,
+        stat_names=trainer.engine.stat_names,
     )
 
 

@@ -28,6 +28,7 @@ from workbench.backend import runtime
 from workbench.data.bucket_choice import BucketChoice
 from workbench.data.buckets import round_up
 from workbench.data.loader import dataset_lengths, plan_for_config, prewarm, synthetic_batch
+from workbench.data.preference import is_pair_dataset
 from workbench.data.sampler import batch_rows
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import restore_optimizer_scalars
@@ -141,16 +142,26 @@ def measure_step_costs(
     so the compile figure is then an upper bound."""
     cfg = data.cfg
     length = int(round_up(cfg.data.max_length, cfg.bucketing.multiple_of))
+    # preference pairs: the loader's sizes count pairs, each two rows, laid out like a real batch
+    # (a precomputed reference's log-probs included)
+    pairs = is_pair_dataset(data.train_dataset)
+    budget = cfg.bucketing.tokens_per_batch
     # the rows the run's loader gives that length (a token budget gives fewer): the same program
     batch_size = batch_rows(
         length,
-        batch_size=None if cfg.bucketing.tokens_per_batch else batch_size,
-        tokens_per_batch=cfg.bucketing.tokens_per_batch,
+        batch_size=None if budget else batch_size,
+        tokens_per_batch=max(1, budget // 2) if budget and pairs else budget,
         dp_size=data.dp_size,
     )
+    template = next(iter(data.loader(data.train_dataset, batch_size)[0])) if pairs else None
     grad_accum = cfg.train.grad_accum
     vocab = int(engine.model.get_input_embeddings().weight.shape[0])
-    fake = synthetic_batch((batch_size, length), vocab_size=vocab, pad_token_id=data.pad_token_id)
+    fake = synthetic_batch(
+        (batch_size * (2 if pairs else 1), length),
+        vocab_size=vocab,
+        pad_token_id=data.pad_token_id,
+        template=template,
+    )
     batch = data.to_device(fake)
     snap = snapshot(engine)
 

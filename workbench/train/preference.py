@@ -1,0 +1,346 @@
+"""Preference tuning: the DPO objective, its reference model and its reward metrics.
+
+A batch holds pairs, interleaved row by row (`workbench.data.collate.PairCollator`): row 2i is
+pair i's prompt + chosen answer, row 2i+1 its prompt + rejected answer, both padded to the
+bucket of the longer one, labels -100 everywhere but the answers. Per row the objective sums the
+answer tokens' log-probabilities under the policy (the model being trained) and under the
+reference (the model it started from), and per pair ``h = (π_c − ref_c) − (π_r − ref_r)``:
+
+- ``sigmoid`` (Rafailov et al., 2023): ``−log σ(β h)``;
+- ``ipo`` (Azar et al., 2023): ``(h − 1 / (2β))²`` with every log-prob averaged over its answer's
+  tokens, as TRL's ``DPOTrainer`` computes it.
+
+Rewards are ``β (π − ref)`` per answer, from the summed log-probs under either loss (as TRL
+reports them): ``reward_accuracy`` is the share of pairs whose chosen
+reward is the higher, ``reward_margin`` the mean difference. Like every objective here it returns
+*sums* (`loss_sum`, and the metrics' ``stats``) with their count (``tokens``: the real pairs,
+filler pairs of an eval's last batch count 0), so the step engine averages over every pair of an
+optimizer step however micro-batches split them, on the device, without a host read.
+
+Where the reference comes from (``train.dpo_reference``, `resolve_reference`):
+
+- ``adapters_off``: the policy's own weights with its LoRA adapters switched off (peft's
+  ``disable_adapter``), traced into the same program as the policy's forward: no second copy,
+  one more forward without gradients.
+- ``copy``: a frozen copy of the starting model in the compute precision, placed on the mesh like
+  the model (`workbench.analysis.estimate` counts its weights).
+- ``precompute``: before training, one pass over the train and eval pairs with the starting
+  model (`precompute_reference`); the log-probs are stored with the datasets and arrive in each
+  batch as ``reference_logps``. No reference forward in the step at all.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from workbench.backend import runtime
+from workbench.config import WorkbenchConfig
+from workbench.data.loader import make_loader
+from workbench.data.records import IGNORE_INDEX
+from workbench.models.inputs import model_inputs
+from workbench.models.lm_head import LMHead, chunked_sums, next_token_labels
+from workbench.train.lora import is_lora
+from workbench.train.objective import ChunkPlan, LossChunking, Notice, shift_for_next_token
+from workbench.train.step import autocast_for
+
+STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp")
+"""The sums a DPO step reports beside its loss, averaged over pairs: `workbench.analysis.metrics` keys."""
+
+REFERENCE_COLUMNS = ("reference_chosen_logp", "reference_rejected_logp")
+"""The dataset columns a precomputed reference adds (the collator turns them into ``reference_logps``)."""
+
+
+# ---- the loss ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DPOSettings:
+    beta: float = 0.1
+    """``train.dpo_beta``: the pull towards the reference."""
+    loss: str = "sigmoid"
+    """``train.dpo_loss``: 'sigmoid' or 'ipo'."""
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ValueError(f"train.dpo_beta={self.beta!r} is not allowed: must be > 0")
+        if self.loss not in ("sigmoid", "ipo"):
+            raise ValueError(f"train.dpo_loss={self.loss!r} is not allowed: 'sigmoid' or 'ipo'")
+
+
+def dpo_losses(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    reference_chosen: torch.Tensor,
+    reference_rejected: torch.Tensor,
+    settings: DPOSettings,
+) -> torch.Tensor:
+    """Per pair, the loss from the log-probs it takes: summed over the answer for 'sigmoid',
+    averaged over the answer's tokens for 'ipo'."""
+    margin = (policy_chosen - reference_chosen) - (policy_rejected - reference_rejected)
+    if settings.loss == "sigmoid":
+        return -F.logsigmoid(settings.beta * margin)
+    return (margin - 1.0 / (2.0 * settings.beta)) ** 2
+
+
+def row_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per row, Σ log p(label) over the next-token positions whose label is not -100 (fp32) — from
+    the full ``[rows, L, V]`` logits and unshifted labels."""
+    shifted, targets = shift_for_next_token(logits, labels)
+    return _token_logp_sums(shifted, targets)
+
+
+def _token_logp_sums(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    token_nll = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    return -token_nll.view(targets.shape).sum(dim=-1)  # ignored positions contribute 0
+
+
+class RowLogpChunk(torch.nn.Module):
+    """One chunk of positions' per-row log-prob sums through the head (`chunked_sums` adds the chunks)."""
+
+    def __init__(self, head: LMHead) -> None:
+        super().__init__()
+        self.head = head.head  # registered: `chunked_sums` sees whether the head trains
+        self.lm_head = head
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return _token_logp_sums(self.lm_head.logits(hidden), targets)
+
+
+def answer_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """Per row, the answer's predicted positions (labels 1..L-1 that are not -100), fp32."""
+    return (labels[:, 1:] != IGNORE_INDEX).sum(dim=-1).to(torch.float32)
+
+
+# ---- the objective ----------------------------------------------------------------------------
+
+
+class DPOObjective(torch.nn.Module):
+    """The DPO loss of interleaved pair batches with reward metrics; `reference` is 'adapters_off',
+    'copy' (give `reference_model`) or 'precompute' (batches carry ``reference_logps``)."""
+
+    stat_names = STAT_NAMES
+
+    def __init__(
+        self,
+        settings: DPOSettings,
+        reference: str,
+        *,
+        reference_model: torch.nn.Module | None = None,
+        chunking: LossChunking | None = None,
+        notice: Notice | None = None,
+    ) -> None:
+        super().__init__()
+        if reference not in ("adapters_off", "copy", "precompute"):
+            raise ValueError(
+                f"train.dpo_reference={reference!r} is not allowed here: 'adapters_off', 'copy' or 'precompute'"
+            )
+        if (reference == "copy") != (reference_model is not None):
+            raise ValueError("train.dpo_reference='copy' takes a reference_model, and only it does")
+        self.settings, self.reference = settings, reference
+        self.plan = ChunkPlan(chunking, notice)
+        # a plain attribute: the frozen copy's weights stay out of the optimizer and the checkpoints
+        self.__dict__["reference_model"] = reference_model
+
+    @property
+    def chunking(self) -> LossChunking:
+        return self.plan.chunking
+
+    def for_eval(self) -> DPOObjective:
+        """An eval of a DPO run is the DPO loss and rewards of held-out pairs."""
+        return self
+
+    def logps(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per row, the answer's summed log-prob under `model` (chunked as ``train.loss_chunk_tokens`` says)."""
+        labels = batch["labels"]
+        chunked = self.plan.heads([model], labels)
+        if chunked is None:
+            return row_logps(model(**model_inputs(batch, model)).logits, labels)
+        (head,), positions = chunked
+        hidden = head.hidden_states(model_inputs(batch, model)).last_hidden_state
+        (sums,) = chunked_sums(RowLogpChunk(head), [hidden, next_token_labels(labels)], positions)
+        return sums
+
+    def reference_logps(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per row, the answer's summed log-prob under the reference, without gradients."""
+        if self.reference == "precompute":
+            if "reference_logps" not in batch:
+                raise ValueError(
+                    "train.dpo_reference='precompute' but the batch has no reference_logps: "
+                    "the datasets were not passed through precompute_reference"
+                )
+            return batch["reference_logps"].float()
+        with torch.no_grad():
+            if self.reference == "copy":
+                return self.logps(self.__dict__["reference_model"], batch)
+            with model.disable_adapter():
+                return self.logps(model, batch)
+
+    def forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        reference = self.reference_logps(model, batch).view(-1, 2)
+        policy = self.logps(model, batch).view(-1, 2)
+        tokens = answer_tokens(batch["labels"]).view(-1, 2)
+        # a filler pair (an eval's last batch filled to its shape) has no labels: it counts nowhere
+        real = ((tokens[:, 0] > 0) & (tokens[:, 1] > 0)).to(torch.float32)
+        taken_policy, taken_reference = policy, reference
+        if self.settings.loss == "ipo":
+            per_token = tokens.clamp(min=1.0)
+            taken_policy, taken_reference = policy / per_token, reference / per_token
+        losses = dpo_losses(
+            taken_policy[:, 0],
+            taken_policy[:, 1],
+            taken_reference[:, 0],
+            taken_reference[:, 1],
+            self.settings,
+        )
+        with torch.no_grad():  # rewards from the summed log-probs, whichever the loss (as TRL reports them)
+            rewards = self.settings.beta * (policy.detach() - reference)
+            chosen_reward, rejected_reward = rewards[:, 0], rewards[:, 1]
+            stats = {
+                "reward_accuracy": ((chosen_reward > rejected_reward).float() * real).sum(),
+                "reward_margin": ((chosen_reward - rejected_reward) * real).sum(),
+                "chosen_logp": (policy[:, 0].detach() * real).sum(),
+                "rejected_logp": (policy[:, 1].detach() * real).sum(),
+            }
+        return {"loss_sum": (losses * real).sum(), "tokens": real.sum(), "stats": stats}
+
+
+# ---- the reference ----------------------------------------------------------------------------
+
+
+def adapters_at_start(model: torch.nn.Module) -> bool:
+    """Whether a LoRA model's adapters are where fresh ones start (every ``lora_B`` zero, peft's init),
+    so switching them off gives the starting model. Read on the host, before the model is placed."""
+    return all(not torch.count_nonzero(p).item() for name, p in model.named_parameters() if "lora_B" in name)
+
+
+def resolve_reference(cfg: WorkbenchConfig, model: torch.nn.Module) -> tuple[str, str]:
+    """``train.dpo_reference`` for this run's (prepared, host) model, and a sentence saying why."""
+    asked, lora = cfg.train.dpo_reference, is_lora(model)
+    if asked == "adapters_off" and lora and not adapters_at_start(model):
+        raise ValueError(
+            "train.dpo_reference='adapters_off' would make the base model the reference, but this run "
+            "continues trained adapters (model.pretrained_path is an adapter or a LoRA checkpoint): use "
+            "'precompute' (the reference is then the adapter's model) or 'auto'"
+        )
+    if asked != "auto":
+        return asked, f"train.dpo_reference={asked!r}"
+    if lora and adapters_at_start(model):
+        return "adapters_off", "fresh LoRA adapters: the reference is the same weights with the adapters off"
+    if lora:
+        return "precompute", (
+            "the run continues trained adapters, so the reference is their model: its log-probs are "
+            "computed once before training"
+        )
+    return "copy", "a full fine-tune: the reference is a frozen copy of the starting model"
+
+
+@dataclass
+class Reference:
+    """The run's resolved reference: its mode, and the frozen copy for 'copy'."""
+
+    mode: str
+    model: torch.nn.Module | None = None
+
+
+def prepare_reference(
+    cfg: WorkbenchConfig, model: torch.nn.Module, notice: Callable[[str], None]
+) -> Reference | None:
+    """For ``train.objective: dpo``, the reference of `model` (prepared, still on the host): its mode
+    said through `notice`, and for 'copy' a frozen copy in the compute precision (bf16 under
+    'bf16-mixed' and 'bf16', whose matmuls run in bf16 anyway; fp32 under 'fp32'). None for SFT."""
+    if cfg.train.objective != "dpo":
+        return None
+    mode, why = resolve_reference(cfg, model)
+    notice(f"DPO reference: {mode} ({why})")
+    if mode != "copy":
+        return Reference(mode)
+    frozen = copy.deepcopy(model)
+    if cfg.train.precision != "fp32":
+        frozen.to(torch.bfloat16)
+    frozen.requires_grad_(False).eval()
+    return Reference(mode, frozen)
+
+
+def preference_objective(trainer: Any, chunking: LossChunking, place: Callable[..., Any]) -> DPOObjective:
+    """The DPO objective of a `Trainer` whose model is placed: a 'copy' reference placed like the model
+    (``place(module, mesh, device)``), a 'precompute' reference computed into its datasets now."""
+    reference, cfg = trainer.reference, trainer.cfg
+    if reference.model is not None:
+        place(reference.model, trainer.mesh, trainer.device)
+    settings = DPOSettings(cfg.train.dpo_beta, cfg.train.dpo_loss)
+    objective = DPOObjective(
+        settings, reference.mode, reference_model=reference.model, chunking=chunking, notice=trainer._notice
+    )
+    if reference.mode == "precompute":
+        precompute_reference(
+            objective,
+            trainer.model,
+            trainer.data,
+            autocast=lambda: autocast_for(cfg.train.precision, trainer.device, trainer.xla),
+            notice=trainer._notice,
+        )
+    return objective
+
+
+def _pair_batches(
+    dataset: Any, cfg: WorkbenchConfig, **loader_kwargs: Any
+) -> Iterator[tuple[list[int], Any]]:
+    """Every pair of `dataset` once, in the run's batch shapes: (example indices, host batch);
+    a negative index is a filler (`workbench.data.collate.FillerMasked`)."""
+    loader, sampler = make_loader(dataset, cfg, fill_last=True, **loader_kwargs)
+    for indices in sampler:
+        yield list(indices), loader.collate_fn([loader.dataset[i] for i in indices])
+
+
+def precompute_reference(
+    objective: DPOObjective,
+    model: torch.nn.Module,
+    data: Any,
+    *,
+    autocast: Callable[[], Any],
+    notice: Callable[[str], None],
+) -> None:
+    """Add `REFERENCE_COLUMNS` to `data`'s train and eval datasets: the starting `model`'s answer
+    log-probs, one pass in the run's batch shapes, one read from the device at the end of each split."""
+    cfg = data.cfg
+    model.eval()
+    for split in ("train_dataset", "eval_dataset"):
+        dataset = getattr(data, split)
+        if dataset is None:
+            continue
+        epochs = data.train_epochs() if split == "train_dataset" else data.eval_passes()
+        kwargs = dict(
+            pad_token_id=data.pad_token_id, dp_size=data.dp_size, seed=cfg.train.seed, epochs=epochs
+        )
+        order: list[int] = []
+        outputs: list[torch.Tensor] = []
+        for indices, batch in _pair_batches(dataset, cfg, **kwargs):
+            with torch.no_grad(), autocast():
+                outputs.append(objective.logps(model, data.to_device(batch)))
+            if data.xla:
+                runtime.sync()
+            order.extend(indices)
+        logps = torch.cat(outputs).cpu().view(-1, 2).numpy()  # the one read
+        columns = np.zeros((len(dataset), 2), dtype=np.float64)
+        for index, row in zip(order, logps):
+            if index >= 0:
+                columns[index] = row
+        for name, values in zip(REFERENCE_COLUMNS, columns.T):
+            if name in dataset.column_names:
+                dataset = dataset.remove_columns(name)
+            dataset = dataset.add_column(name, values.tolist())
+        setattr(data, split, dataset)
+    model.train()
+    notice("DPO reference: log-probs of the starting model computed for every pair before training")
