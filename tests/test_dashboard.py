@@ -42,6 +42,27 @@ def metrics(step: int, **over):
     return row
 
 
+def full_metrics(step: int, **over):
+    """A metrics dict with every key of the contract: the ones `metrics` leaves out read None."""
+    row = dict.fromkeys(METRIC_KEYS)
+    row.update(metrics(step), **over)
+    return row
+
+
+def dpo_metrics(step: int, **over):
+    """A DPO run's metrics dict: the loss is the DPO loss, the preference figures are filled."""
+    row = full_metrics(
+        step,
+        loss=0.69 - 0.01 * step,
+        reward_accuracy=0.5 + 0.01 * step,
+        reward_margin=0.02 * step,
+        chosen_logp=-40.0 + 0.1 * step,
+        rejected_logp=-40.0 - 0.2 * step,
+    )
+    row.update(over)
+    return row
+
+
 class FakeClock:
     def __init__(self):
         self.now = 0.0
@@ -225,7 +246,12 @@ def test_every_key_read_is_a_run_metrics_key():
         dash._pending = True
         dash.flush()  # every trace, the warm-up count, the MFU note and the status line
         dash.summary()
+    dpo = Dashboard(min_interval_s=0)
+    dpo(ContractRow(dpo_metrics(5, eval_reward_accuracy=0.75, eval_reward_margin=0.5)))
+    dpo.summary()
     drawn = {"tokens_per_s", "mfu", "step_time_s", "loss", "eval_loss", "compiles", "recompiled"}
+    drawn |= {"reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp"}
+    drawn |= {"eval_reward_accuracy", "eval_reward_margin"}
     memory = {"device_memory_bytes", "device_memory_limit_bytes", "host_rss_bytes"}
     time_limit = {"time_left_s", "planned_stop_step", "checkpoint_stall_s"}
     assert drawn | memory | time_limit | {"step", "warmup_compiles", "total_compiles", "tokens_seen"} <= read
@@ -422,3 +448,102 @@ def test_the_step_a_time_limit_stops_at_is_drawn_at_once():
     dash(metrics(30, planned_stop_step=30))  # the run's last interval: flushed without waiting
     assert dash.flush_count == 2 and list(dash.trace("train loss").x) == [10, 20, 30]
     assert "stops at step <b>30</b> of 1000 (time limit)" in dash.status.value
+
+
+PREFERENCE_TRACES = (
+    "reward accuracy",
+    "eval reward accuracy",
+    "reward margin",
+    "eval reward margin",
+    "chosen log-prob",
+    "rejected log-prob",
+)
+
+
+def test_an_sft_run_has_no_preference_panels():
+    dash = Dashboard(min_interval_s=0)
+    for step in (10, 20, 30):
+        dash(
+            full_metrics(step, eval_loss=2.0 if step == 20 else None)
+        )  # every contract key, preference ones None
+    assert not dash.shows_preference
+    layout, styles = dash.figure.look["layout"], dash.figure.look["styles"]
+    # The six-panel grid: no axes, titles or notes of the preference panels, nothing taller.
+    assert layout["height"] == 780 and "xaxis7" not in layout and "yaxis9" not in layout
+    titles = {a["text"] for a in layout["annotations"]}
+    assert not [t for t in titles if "Reward" in t or "Log-prob" in t]
+    assert notes(dash).count("not reported by this run") == 0  # memory shows host RSS, MFU has its note
+    # The preference traces exist (a plot's traces are fixed) but stay empty, hidden and out of the legend.
+    by_name = {style["name"]: style for style in styles}
+    for name in PREFERENCE_TRACES:
+        assert dash.trace(name).x == [] and by_name[name]["visible"] is False
+        assert by_name[name]["showlegend"] is False
+    assert "final_reward_accuracy" not in dash.summary() and "reward accuracy" not in dash.status.value
+    exported = {trace.name: trace for trace in dash.to_figure().data}
+    assert exported["reward accuracy"].visible is False and list(exported["train loss"].x) == [10, 20, 30]
+
+
+def test_a_dpo_run_draws_rewards_margins_and_log_probs():
+    dash = Dashboard(min_interval_s=0, total_steps=30)
+    assert not dash.shows_preference and notes(dash).count("waiting for the first log interval") == 6
+    rev = dash.figure.look["rev"]
+    for step in (10, 20, 30):
+        evals = (
+            {"eval_loss": 0.6, "eval_reward_accuracy": 0.7, "eval_reward_margin": 0.3} if step == 20 else {}
+        )
+        dash(dpo_metrics(step, **evals))
+    assert dash.shows_preference and dash.figure.look["rev"] > rev  # the grid grew with the first DPO dict
+    assert dash.trace("reward accuracy").x == [10, 20, 30]
+    assert dash.trace("reward accuracy").y == pytest.approx([0.6, 0.7, 0.8])
+    assert dash.trace("reward margin").y == pytest.approx([0.2, 0.4, 0.6])
+    assert dash.trace("chosen log-prob").y == pytest.approx([-39.0, -38.0, -37.0])
+    assert dash.trace("rejected log-prob").y == pytest.approx([-42.0, -44.0, -46.0])
+    assert dash.trace("eval reward accuracy").x == [20] and dash.trace("eval reward accuracy").y == [0.7]
+    assert dash.trace("eval reward margin").x == [20] and dash.trace("eval reward margin").y == [0.3]
+    assert dash.trace("train loss").y == pytest.approx([0.59, 0.49, 0.39])  # the DPO loss, on the loss panel
+    layout, styles = dash.figure.look["layout"], dash.figure.look["styles"]
+    # Nine panels: reward accuracy and margin side by side, the log-probs across the bottom row.
+    assert layout["height"] > 780 and layout["xaxis9"]["domain"] == [0.0, 1.0]
+    assert layout["yaxis7"]["tickformat"] == ".0%" and layout["xaxis9"]["title"]["text"] == "step"
+    by_name = {style["name"]: style for style in styles}
+    assert by_name["reward accuracy"]["yaxis"] == "y7" and by_name["eval reward margin"]["yaxis"] == "y8"
+    assert by_name["chosen log-prob"]["xaxis"] == by_name["rejected log-prob"]["xaxis"] == "x9"
+    assert by_name["train loss"]["yaxis"] == "y4"  # the first six panels keep their axes
+    for name in PREFERENCE_TRACES:
+        assert by_name[name].get("visible", True) is not False and by_name[name]["showlegend"], name
+    assert not [n for n in notes(dash) if n == "not reported by this run"]
+    summary = dash.summary()
+    assert (
+        summary["final_reward_accuracy"] == pytest.approx(0.8)
+        and summary["final_eval_reward_accuracy"] == 0.7
+    )
+    assert summary["final_reward_margin"] == pytest.approx(0.6) and summary["final_eval_reward_margin"] == 0.3
+    assert "reward accuracy <b>80%</b> · margin <b>0.600</b>" in dash.status.value
+
+
+def test_the_page_follows_the_grid_growing_mid_run():
+    dash = Dashboard(min_interval_s=0)
+    page = PageModel()
+    dash(full_metrics(1))  # a first dict without preference figures (e.g. a hand-written loop)
+    page.receive(dash.figure.delta, dash.figure)
+    dash(dpo_metrics(2))
+    page.receive(dash.figure.delta, dash.figure)  # the new look and the points travel together
+    assert page.snapshots == 0 and dash.shows_preference
+    index = list(_TRACES).index("reward accuracy")
+    assert page.traces[index]["x"] == [2] and page.traces[list(_TRACES).index("train loss")]["x"] == [1, 2]
+    dash(full_metrics(3))  # a later dict without them: the panels stay
+    assert dash.shows_preference and dash.trace("reward accuracy").x == [2]
+
+
+def test_preference_panels_can_be_asked_for_or_left_out():
+    asked = Dashboard(min_interval_s=0, preference=True)
+    assert asked.shows_preference
+    assert notes(asked).count("waiting for the first log interval") == 9
+    asked(full_metrics(1))  # an SFT dict: the panels say so instead of showing empty axes
+    assert notes(asked).count("not reported by this run") == 3
+    never = Dashboard(min_interval_s=0, preference=False)
+    never(dpo_metrics(1))
+    assert not never.shows_preference and "xaxis7" not in never.figure.look["layout"]
+    assert never.trace("reward accuracy").x == [1]  # kept (and exported), not drawn
+    style = never.figure.look["styles"][list(_TRACES).index("reward accuracy")]
+    assert style["visible"] is False and style["showlegend"] is False

@@ -6,7 +6,8 @@ quickstart's copy in the package) must equal what `tests/build_notebooks.py` bui
 jupytext sources, notebooks/*.py, and carry no outputs.
 
 The quickstart runs once per module (`quickstart_run`): its test checks the report, and the
-chained test fine-tunes the checkpoint it saved with 04_finetune, as a user runs them. The
+chained tests fine-tune the checkpoint it saved with 04_finetune (`finetune_run`), then tune that
+adapter further with 06_preference (DPO), as a user runs them. The
 kernel is the Python running the tests (`python3_kernel`), whatever kernelspec is installed.
 """
 
@@ -53,20 +54,29 @@ TEST_PARAMETERS: dict[str, dict[str, object]] = {
         "max_examples": 300,
         "max_buckets": 2,
     },
+    "06_preference": {
+        "steps": 6,
+        "log_every": 3,
+        "eval_every": 3,
+        "max_new_tokens": 8,
+        "adapter_dir": None,  # alone: fresh LoRA on a tiny model (the chained test tunes 04_finetune's adapter)
+        "out_dir": None,
+    },
 }
 
 # Set per run to paths under a temporary directory: the quickstart saves a checkpoint, 04_finetune
-# fine-tunes it and saves the adapter and the merged model.
+# fine-tunes it and saves the adapter and the merged model, 06_preference tunes that adapter with DPO.
 CHAINED_PARAMETERS = {
     "00_quickstart": ("save_dir",),
     "04_finetune": ("model_dir", "adapter_dir", "merged_dir"),
+    "06_preference": ("adapter_dir", "out_dir"),
 }
 
 
 def test_every_notebook_has_test_parameters():
     assert set(TEST_PARAMETERS) == set(NOTEBOOKS)
     assert sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb")) == sorted(NOTEBOOKS)
-    assert len(NOTEBOOKS) == 6
+    assert len(NOTEBOOKS) == 7
 
 
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
@@ -204,18 +214,19 @@ def test_notebook_executes(name, request, python3_kernel):
         traces = {t["name"]: t for t in json.loads(found.group(1))}
         assert traces["train loss"]["x"] == [5, 10] and traces["tokens/s"]["x"] == [5, 10]
     else:
-        run_notebook(name, EXECUTED / f"{name}.ipynb", TEST_PARAMETERS[name], python3_kernel)
+        nb = run_notebook(name, EXECUTED / f"{name}.ipynb", TEST_PARAMETERS[name], python3_kernel)
+        if name == "06_preference":  # fresh adapters: the reference is the same weights without them
+            assert "DPO reference: adapters_off" in printed(nb)
 
 
-@pytest.mark.slow
-def test_finetune_loads_the_quickstart_checkpoint_and_saves_adapter_and_merged_model(
-    quickstart_run, python3_kernel, tmp_path
-):
-    # What users do: the quickstart saves a checkpoint; 04_finetune fine-tunes it with LoRA on an
-    # int8 base (model.quantize), saves the adapter and a merged (dequantized) checkpoint, reloads it.
+@pytest.fixture(scope="module")
+def finetune_run(quickstart_run, python3_kernel, tmp_path_factory):
+    """04_finetune on the quickstart's checkpoint (int8 base), saving its adapter and merged model:
+    (notebook, checkpoint, adapter, merged)."""
     _, checkpoint = quickstart_run
     assert (checkpoint / "config.json").is_file() and (checkpoint / "tokenizer.json").is_file()
-    adapter, merged = tmp_path / "adapter", tmp_path / "merged"
+    out = tmp_path_factory.mktemp("finetune")
+    adapter, merged = out / "adapter", out / "merged"
     parameters = {
         **TEST_PARAMETERS["04_finetune"],
         "model_dir": str(checkpoint),
@@ -224,6 +235,14 @@ def test_finetune_loads_the_quickstart_checkpoint_and_saves_adapter_and_merged_m
         "quantize": "int8",
     }
     nb = run_notebook("04_finetune", EXECUTED / "04_finetune-chained.ipynb", parameters, python3_kernel)
+    return nb, checkpoint, adapter, merged
+
+
+@pytest.mark.slow
+def test_finetune_loads_the_quickstart_checkpoint_and_saves_adapter_and_merged_model(finetune_run):
+    # What users do: the quickstart saves a checkpoint; 04_finetune fine-tunes it with LoRA on an
+    # int8 base (model.quantize), saves the adapter and a merged (dequantized) checkpoint, reloads it.
+    nb, checkpoint, adapter, merged = finetune_run
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
     assert not (adapter / "model.safetensors").exists(), "the adapter directory holds the whole model"
     assert (merged / "config.json").is_file() and list(merged.glob("*.safetensors"))
@@ -242,3 +261,20 @@ def test_finetune_without_a_checkpoint_says_how_to_make_one(python3_kernel, tmp_
         execute("04_finetune", tmp_path / "04_finetune.ipynb", {"model_dir": str(missing)}, python3_kernel)
     assert err.value.ename == "FileNotFoundError"
     assert "run 00_quickstart first" in err.value.evalue and "model_dir=None" in err.value.evalue
+
+
+@pytest.mark.slow
+def test_preference_tunes_the_finetune_adapter(finetune_run, python3_kernel, tmp_path):
+    # SFT, then DPO: 06_preference continues 04_finetune's adapter on the shipped pairs. The
+    # reference is the adapter's model ('auto' resolves to 'precompute'), and the tuned adapter is
+    # saved as an adapter directory again.
+    _, _, adapter, _ = finetune_run
+    tuned = tmp_path / "tuned"
+    parameters = {**TEST_PARAMETERS["06_preference"], "adapter_dir": str(adapter), "out_dir": str(tuned)}
+    nb = run_notebook("06_preference", EXECUTED / "06_preference-chained.ipynb", parameters, python3_kernel)
+    text = printed(nb)
+    assert f"{adapter}: training " in text, "04_finetune's adapter was not the starting model"
+    assert "DPO reference: precompute" in text, "the reference was not the adapter's model"
+    assert "reward_accuracy" in text and "DPO loss" in text
+    assert (tuned / "adapter_config.json").is_file() and (tuned / "adapter_model.safetensors").is_file()
+    assert not (tuned / "model.safetensors").exists(), "the adapter directory holds the whole model"

@@ -327,3 +327,72 @@ def test_xla_precomputed_and_copied_references_are_the_ones_asked_for(xla_runs):
     for mode in ("precompute", "copy"):  # a step from policy = reference: log 2, then down
         losses = xla_runs[mode]["losses"]
         assert losses[0] == pytest.approx(math.log(2), abs=0.01) and losses[-1] < losses[0]
+
+
+def test_a_dpo_run_refuses_datasets_that_are_not_pairs():
+    from tests.test_train import tiny_cfg, token_dataset
+    from workbench.train import Trainer
+
+    cfg = tiny_cfg(**{"train.objective": "dpo", "lora.rank": 4})
+    with pytest.raises(ValueError, match=r"needs preference pairs.*tokenize_pairs"):
+        Trainer(cfg, train_dataset=token_dataset(16), eval_dataset=None)
+
+
+@pytest.fixture(scope="module")
+def pair_data(tmp_path_factory):
+    """Tokenised learnable pairs (train) and held-out ones, and their tokenizer."""
+    from tests.preference_data import learnable_pairs, write_jsonl
+    from workbench.data.records import build_datasets
+
+    work = tmp_path_factory.mktemp("pairs")
+    train_file = write_jsonl(learnable_pairs(48, seed=0), work / "train.jsonl")
+    held_file = write_jsonl(learnable_pairs(16, seed=1, held_out=True), work / "held.jsonl")
+    cfg = WorkbenchConfig().with_overrides({"train.objective": "dpo", "data.source": str(train_file)})
+    cfg = cfg.with_overrides({"data.eval_fraction": 0})
+    train, _, tokenizer = build_datasets(cfg, cache_dir=work)
+    held, _, _ = build_datasets(cfg.with_overrides({"data.source": str(held_file)}), tokenizer=tokenizer)
+    return train, held, tokenizer
+
+
+def dpo_cfg(**overrides):
+    from tests.test_train import tiny_cfg
+
+    base = {
+        "model.vocab_size": 512,
+        "train.objective": "dpo",
+        "data.max_length": 48,
+        "lora.rank": 4,
+        "train.learning_rate": 3e-3,
+        "train.steps": 8,
+        "train.grad_accum": 2,
+        "train.batch_size": 2,
+    }
+    return tiny_cfg(**{**base, **overrides})
+
+
+@pytest.mark.parametrize("reference", ["adapters_off", "precompute", "copy"])
+def test_a_dpo_run_resumes_bitwise_with_each_reference(tmp_path, pair_data, reference):
+    from workbench.train import Trainer
+
+    train, held, tokenizer = pair_data
+    common = {"train.dpo_reference": reference, **({"lora.rank": 0} if reference == "copy" else {})}
+    data = dict(train_dataset=train, eval_dataset=held, tokenizer=tokenizer)
+    straight = Trainer(dpo_cfg(**common), **data).fit()
+    history = straight.history
+
+    class Crash(RuntimeError):
+        pass
+
+    def crash_after_step_5(metrics: dict) -> None:
+        if metrics["step"] == 5:
+            raise Crash
+
+    cfg = dpo_cfg(**common, **{"train.checkpoint_dir": str(tmp_path), "train.checkpoint_every": 4})
+    with pytest.raises(Crash):
+        Trainer(cfg, callbacks=[crash_after_step_5], **data).fit()
+    resumed = Trainer(cfg, **data).fit()
+    assert [m["step"] for m in resumed.history] == [5, 6, 7, 8]
+    for key in ("loss", "reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp"):
+        assert [m[key] for m in resumed.history] == [m[key] for m in history[4:]], key  # bitwise
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert f"DPO reference: {reference}" in " ".join(straight.notices)

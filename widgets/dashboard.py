@@ -1,4 +1,4 @@
-"""Live training dashboard: one live plot with six panels, fed by trainer callbacks.
+"""Live training dashboard: one live plot with six panels (nine under DPO), fed by trainer callbacks.
 
 A `Dashboard` is a callback: pass it to ``Trainer(..., callbacks=[dashboard])`` and it receives
 the metrics dict once per log interval: a `RunMetrics` (the contract in
@@ -15,6 +15,12 @@ empty axes (MFU without a known peak, device memory on a CPU); traces without po
 legend. The status line above it gives the latest step, loss, throughput and compiles and, for a run
 with ``train.time_limit``, the time left, the step the run will stop at and how long the last
 checkpoint save held the loop.
+
+Preference tuning (``train.objective: dpo``, where the loss panel shows the DPO loss) adds three
+panels below the six: reward accuracy and reward margin (train and eval points) and the policy's
+log-probs of the chosen and rejected answers; the status line adds the latest reward accuracy and
+margin. By default (``preference=None``) they appear with the first metrics dict that carries a
+preference figure, so an SFT run's figure is the six panels alone.
 
 The figure is a `widgets.live_plot.LivePlot`, not plotly's `FigureWidget`: each flush travels as
 a numbered append-only delta and any page that rendered late or missed one catches up from the
@@ -43,10 +49,10 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from widgets.live_plot import DecimatedSeries, LivePlot, TraceData
-from workbench.analysis.metrics import RunMetrics
+from workbench.analysis.metrics import PREFERENCE_KEYS, RunMetrics
 from workbench.units import GiB, format_duration
 
-# (panel title, row, col) in a 3 x 2 grid.
+# (panel title, row, col) in a 3 x 2 grid; preference tuning adds rows 4 and 5 (the last panel spans both columns).
 PANELS: dict[str, tuple[str, int, int]] = {
     "tokens_per_s": ("Throughput (real tokens/s)", 1, 1),
     "mfu": ("MFU (% of peak bf16)", 1, 2),
@@ -54,7 +60,12 @@ PANELS: dict[str, tuple[str, int, int]] = {
     "loss": ("Loss", 2, 2),
     "compiles": ("XLA compiles per log interval", 3, 1),
     "memory": ("Memory (GiB)", 3, 2),
+    "reward_accuracy": ("Reward accuracy (chosen rewarded above rejected)", 4, 1),
+    "reward_margin": ("Reward margin (chosen - rejected)", 4, 2),
+    "logps": ("Log-prob of the chosen and rejected answers (policy)", 5, 1),
 }
+_PREFERENCE_PANELS = ("reward_accuracy", "reward_margin", "logps")
+_EVAL_MARKER = {"mode": "markers", "marker": {"symbol": "diamond", "size": 9, "color": "#d62728"}}
 
 # trace name -> (panel, how to read its y value from a metrics dict, trace kwargs)
 _Getter = Callable[[RunMetrics], Any]
@@ -89,11 +100,7 @@ _TRACES: dict[str, tuple[str, _Getter, dict[str, Any]]] = {
     "MFU %": ("mfu", _pct, {"line": {"color": "#9467bd"}}),
     "step time": ("step_time", lambda m: m.get("step_time_s"), {"line": {"color": "#ff7f0e"}}),
     "train loss": ("loss", lambda m: m.get("loss"), {"line": {"color": "#2ca02c"}}),
-    "eval loss": (
-        "loss",
-        lambda m: m.get("eval_loss"),
-        {"mode": "markers", "marker": {"symbol": "diamond", "size": 9, "color": "#d62728"}},
-    ),
+    "eval loss": ("loss", lambda m: m.get("eval_loss"), _EVAL_MARKER),
     "compiles": ("compiles", lambda m: m.get("compiles"), {"line": {"color": "#7f7f7f"}}),
     "recompilation": (
         "compiles",
@@ -107,6 +114,16 @@ _TRACES: dict[str, tuple[str, _Getter, dict[str, Any]]] = {
         {"mode": "lines", "line": {"color": "#d62728", "dash": "dash"}},
     ),
     "host RSS": ("memory", _gib("host_rss_bytes"), {"line": {"color": "#bcbd22"}}),
+    "reward accuracy": (
+        "reward_accuracy",
+        lambda m: m.get("reward_accuracy"),
+        {"line": {"color": "#8c564b"}},
+    ),
+    "eval reward accuracy": ("reward_accuracy", lambda m: m.get("eval_reward_accuracy"), _EVAL_MARKER),
+    "reward margin": ("reward_margin", lambda m: m.get("reward_margin"), {"line": {"color": "#e377c2"}}),
+    "eval reward margin": ("reward_margin", lambda m: m.get("eval_reward_margin"), _EVAL_MARKER),
+    "chosen log-prob": ("logps", lambda m: m.get("chosen_logp"), {"line": {"color": "#1f77b4"}}),
+    "rejected log-prob": ("logps", lambda m: m.get("rejected_logp"), {"line": {"color": "#ff7f0e"}}),
 }
 
 
@@ -125,7 +142,7 @@ def _recompile_text(m: RunMetrics) -> str:
 
 # Traces whose hover text explains each point, and traces too rare to decimate (every point drawn).
 _HOVER_TEXT: dict[str, Callable[[RunMetrics], str]] = {"recompilation": _recompile_text}
-_EVERY_POINT = frozenset({"recompilation", "eval loss"})
+_EVERY_POINT = frozenset({"recompilation", "eval loss", "eval reward accuracy", "eval reward margin"})
 
 _MFU_UNKNOWN = "MFU unknown on this hardware (no published peak FLOP/s)"
 
@@ -136,32 +153,58 @@ def _axis_suffix(panel: str) -> str:
     return "" if index == 1 else str(index)
 
 
-def _base_look(title: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The figure's layout and one style dict per trace (in `_TRACES` order), without data."""
-    titles = [""] * 6
-    for panel_title, row, col in PANELS.values():
-        titles[(row - 1) * 2 + (col - 1)] = panel_title
-    base = make_subplots(rows=3, cols=2, subplot_titles=titles, vertical_spacing=0.1, horizontal_spacing=0.08)
+def _panels(preference: bool) -> list[str]:
+    """The panels of the figure: the six of every run, and the preference ones when shown."""
+    return [p for p in PANELS if preference or p not in _PREFERENCE_PANELS]
+
+
+def _base_look(title: str, preference: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The figure's layout and one style dict per trace (in `_TRACES` order), without data.
+
+    Without `preference` the preference traces stay in the figure (a plot's traces are fixed at its
+    creation) but invisible, parked on the loss panel's axes: the grid is the six panels alone.
+    """
+    panels = _panels(preference)
+    rows = 5 if preference else 3
+    specs = [[{}, {}]] * 4 + [[{"colspan": 2}, None]] if preference else None
+    base = make_subplots(
+        rows=rows,
+        cols=2,
+        specs=specs,
+        subplot_titles=[PANELS[p][0] for p in panels],  # row by row, as the subplots are numbered
+        vertical_spacing=0.06 if preference else 0.1,
+        horizontal_spacing=0.08,
+    )
     for name, (panel, _, style) in _TRACES.items():
-        _, row, col = PANELS[panel]
+        shown = panel in panels
+        _, row, col = PANELS[panel if shown else "loss"]
         kwargs = {"mode": "lines+markers", "marker": {"size": 5}, **style}
         if name in _HOVER_TEXT:
             kwargs["hovertemplate"] = f"%{{text}}<extra>{name}</extra>"
+        if not shown:
+            kwargs["visible"] = False
         base.add_trace(go.Scatter(x=[], y=[], name=name, **kwargs), row=row, col=col)
     base.update_layout(
         title={"text": title, "x": 0.01},
-        height=780,
+        height=1250 if preference else 780,
         margin={"l": 55, "r": 20, "t": 70, "b": 40},
-        legend={"orientation": "h", "y": -0.06},
+        legend={"orientation": "h", "y": -0.04 if preference else -0.06},
         template="plotly_white",
     )
-    for row in (1, 2, 3):
-        for col in (1, 2):
-            base.update_xaxes(title_text="step" if row == 3 else None, row=row, col=col)
+    for panel in panels:
+        _, row, col = PANELS[panel]
+        base.update_xaxes(title_text="step" if row == rows else None, row=row, col=col)
     # Throughput, time, compiles and memory read best against zero (a 5% wobble is not a cliff).
     for panel in ("tokens_per_s", "step_time", "compiles", "memory"):
         _, row, col = PANELS[panel]
         base.update_yaxes(rangemode="tozero", row=row, col=col)
+    if preference:
+        # A share of pairs, against chance (0.5); a margin against no preference at all (0).
+        _, row, col = PANELS["reward_accuracy"]
+        base.update_yaxes(range=[-0.02, 1.02], tickformat=".0%", row=row, col=col)
+        for panel, y in (("reward_accuracy", 0.5), ("reward_margin", 0.0)):
+            _, row, col = PANELS[panel]
+            base.add_hline(y=y, line={"color": "#999", "width": 1, "dash": "dot"}, row=row, col=col)
     spec = base.to_plotly_json()
     styles = [{k: v for k, v in trace.items() if k not in ("x", "y")} for trace in spec["data"]]
     return spec["layout"], styles
@@ -178,6 +221,10 @@ class Dashboard:
             drawn; the status line says whether a time limit stops the run before it.
         max_points: most points drawn per trace (the history and the export keep everything).
         title: figure title.
+        preference: the preference-tuning panels (reward accuracy, reward margin, chosen and
+            rejected log-probs). None: shown from the first metrics dict with a preference figure
+            (a DPO run), never for an SFT run. True: shown from the start (waiting for data), so a
+            DPO run's figure does not grow; False: never shown.
     """
 
     def __init__(
@@ -187,6 +234,7 @@ class Dashboard:
         total_steps: int | None = None,
         max_points: int = 2000,
         title: str = "XLA Workbench — training",
+        preference: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if min_interval_s < 0:
@@ -197,6 +245,7 @@ class Dashboard:
         self.total_steps = total_steps
         self.max_points = int(max_points)
         self.title = title
+        self.preference = preference
         self._clock = clock
         self.history: list[RunMetrics] = []
         self.flush_count = 0
@@ -206,10 +255,16 @@ class Dashboard:
             name: DecimatedSeries(self.max_points, decimate=name not in _EVERY_POINT) for name in _TRACES
         }
         self._ingested = 0
-        self._base_layout, self._base_styles = _base_look(title)
+        self._shows_preference = preference is True
+        self._base_layout, self._base_styles = _base_look(title, self._shows_preference)
         layout, styles = self._look()
         self.figure = LivePlot(layout, styles, name=title)
         self.status = ipw.HTML(value=self._status_html(), layout=ipw.Layout(margin="0 0 4px 0"))
+
+    @property
+    def shows_preference(self) -> bool:
+        """Whether the figure has the preference panels now."""
+        return self._shows_preference
 
     def trace(self, name: str) -> TraceData:
         """What the page draws of the trace called `name` (e.g. 'tokens/s', 'recompilation')."""
@@ -253,6 +308,10 @@ class Dashboard:
             # Programs compiled before the first interval (prewarm) are drawn at step 0.
             self._series["compiles"].append(0, warm)
         for m in rows[self._ingested :]:
+            if self.preference is None and not self._shows_preference and _has_preference(m):
+                # A DPO run: the grid grows by the preference panels (a new look, the traces kept).
+                self._shows_preference = True
+                self._base_layout, self._base_styles = _base_look(self.title, True)
             for name, (_, read, _) in _TRACES.items():
                 y = read(m)
                 if y is None or (isinstance(y, float) and not math.isfinite(y)):
@@ -267,12 +326,13 @@ class Dashboard:
         notes = list(layout.get("annotations", []))
         styles = []
         filled: set[str] = set()
+        panels = _panels(self._shows_preference)
         for style, (name, (panel, _, _)) in zip(self._base_styles, _TRACES.items(), strict=True):
-            has_points = len(self._series[name]) > 0
+            has_points = len(self._series[name]) > 0 and panel in panels
             styles.append({**style, "showlegend": has_points})
             if has_points:
                 filled.add(panel)
-        for panel in PANELS:
+        for panel in panels:
             if panel in filled:
                 continue
             suffix = _axis_suffix(panel)
@@ -322,6 +382,11 @@ class Dashboard:
         rss = [m["host_rss_bytes"] for m in rows if m.get("host_rss_bytes") is not None]
         dev = [m["device_memory_bytes"] for m in rows if m.get("device_memory_bytes") is not None]
         losses = [m["loss"] for m in rows if m.get("loss") is not None]
+        preference = {}
+        if self._shows_preference:
+            for key in ("reward_accuracy", "reward_margin", "eval_reward_accuracy", "eval_reward_margin"):
+                values = [m[key] for m in rows if m.get(key) is not None]
+                preference[f"final_{key}"] = values[-1] if values else None
         return {
             "intervals": len(rows),
             "last_step": last["step"],
@@ -336,6 +401,7 @@ class Dashboard:
             "elapsed_s": last.get("elapsed_s"),
             "peak_host_rss_gib": max(rss) / GiB if rss else None,
             "peak_device_memory_gib": max(dev) / GiB if dev else None,
+            **preference,  # a DPO run's headline: the last reward accuracy and margin, train and eval
         }
 
     def _status_html(self) -> str:
@@ -345,6 +411,10 @@ class Dashboard:
         parts = [f"step <b>{s['last_step']}</b>"]
         if s["final_loss"] is not None:
             parts.append(f"loss <b>{s['final_loss']:.4f}</b>")
+        if s.get("final_reward_accuracy") is not None:
+            parts.append(f"reward accuracy <b>{100 * s['final_reward_accuracy']:.0f}%</b>")
+        if s.get("final_reward_margin") is not None:
+            parts.append(f"margin <b>{s['final_reward_margin']:.3f}</b>")
         if s["last_tokens_per_s"] is not None:
             parts.append(f"<b>{s['last_tokens_per_s']:,.0f}</b> tokens/s")
         if s["mfu"] is not None:
@@ -439,6 +509,11 @@ pre {{ background: #f6f6f6; padding: 8px; font-size: 12px; }}
 """
         path.write_text(page, encoding="utf-8")
         return path
+
+
+def _has_preference(m: RunMetrics) -> bool:
+    """Whether a metrics dict carries a preference-tuning figure (an SFT run's are all None)."""
+    return any(m.get(key) is not None for key in PREFERENCE_KEYS)
 
 
 def _time_limit_parts(m: RunMetrics, total_steps: int | None) -> list[str]:

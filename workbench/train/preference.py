@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from workbench.backend import runtime
 from workbench.config import WorkbenchConfig
 from workbench.data.loader import make_loader
+from workbench.data.preference import is_pair_dataset
 from workbench.data.records import IGNORE_INDEX
 from workbench.models.inputs import model_inputs
 from workbench.models.lm_head import LMHead, chunked_sums, next_token_labels
@@ -277,6 +278,14 @@ def preference_objective(trainer: Any, chunking: LossChunking, place: Callable[.
     """The DPO objective of a `Trainer` whose model is placed: a 'copy' reference placed like the model
     (``place(module, mesh, device)``), a 'precompute' reference computed into its datasets now."""
     reference, cfg = trainer.reference, trainer.cfg
+    for split in (trainer.data.train_dataset, trainer.data.eval_dataset):
+        if split is not None and not is_pair_dataset(split):
+            raise ValueError(
+                "train.objective='dpo' needs preference pairs (columns input_ids, labels, rejected_input_ids, "
+                "rejected_labels: `workbench.data.preference.tokenize_pairs`); a dataset handed to the Trainer "
+                f"has {sorted(getattr(split, 'column_names', []) or [])}. Leave the datasets to the Trainer "
+                "(data.source of prompt/chosen/rejected records) or tokenise them with tokenize_pairs"
+            )
     if reference.model is not None:
         place(reference.model, trainer.mesh, trainer.device)
     settings = DPOSettings(cfg.train.dpo_beta, cfg.train.dpo_loss)
