@@ -113,7 +113,12 @@ def model_needs(cfg: Any, roots: DoctorRoots) -> ModelNeeds:
     """The needs of the model `cfg` (a `WorkbenchConfig`) trains; `SizingError` when they cannot be known."""
     view, directory = _config_view(cfg, roots)
     try:
-        from workbench.analysis.estimate import lora_adapter_shapes, optimizer_state_elements, state_elements
+        from workbench.analysis.estimate import (
+            lora_adapter_shapes,
+            optimizer_state_elements,
+            preference_reference,
+            state_elements,
+        )
         from workbench.analysis.shape import model_shape
     except Exception as err:  # a broken torch: the version checks say which
         raise SizingError(f"cannot size the model: importing workbench.analysis failed ({err})") from err
@@ -156,6 +161,12 @@ def model_needs(cfg: Any, roots: DoctorRoots) -> ModelNeeds:
     else:
         load = parameters * weight_bytes
         source = f"model.family={cfg.model.family!r} from the config"
+    if (
+        preference_reference(cfg) == "copy"
+    ):  # DPO's frozen reference: a second copy on the host, then the device
+        copy_bytes = parameters * (4 if precision == "fp32" else 2)
+        load += copy_bytes
+        mode += f", DPO with a frozen reference copy (+{format_bytes(copy_bytes)})"
     description = (
         f"{source}: {count_text(parameters)} parameters, {mode}, {optimizer}, {precision}; one checkpoint "
         f"{format_bytes(checkpoint)}, loading {format_bytes(load)}"
