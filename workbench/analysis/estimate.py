@@ -125,6 +125,7 @@ BREAKDOWN_MEANINGS: dict[str, str] = {
     "param_casts": "autocast's compute-precision copies of fp32 weights",
     "grad_accum_buffer": "the running gradient sum under gradient accumulation",
     "dequant": "the largest int4 weight dequantized to the compute precision for its matmul (an int4 head under a chunked loss: two copies)",
+    "reference": "DPO's frozen reference copy of the starting weights, in the compute precision",
 }
 """What each breakdown part holds, for legends and tables."""
 
