@@ -271,7 +271,9 @@ def test_the_estimate_counts_two_rows_a_pair_and_the_frozen_copy():
         assert pairs.breakdown[part] == sft.breakdown[part]
     assert pairs.breakdown["reference"] == 0
     copied = estimate(model, batch_size=2, preference="copy", **kwargs)
-    assert copied.breakdown["reference"] == pytest.approx(sft.num_parameters * 2, rel=1e-6)  # bf16 weights
+    assert copied.breakdown["reference"] == pytest.approx(
+        sft.num_parameters * 4, rel=1e-6
+    )  # fp32 master weights
     assert copied.total_bytes - pairs.total_bytes == copied.breakdown["reference"]
     cfg = WorkbenchConfig().with_overrides({"train.objective": "dpo"})
     assert preference_reference(cfg) == "copy"
@@ -308,7 +310,7 @@ def test_xla_lora_dpo_learns_the_rule_on_held_out_pairs(xla_runs):
 
 @pytest.mark.xla
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["adapters_off", "precompute", "copy"])
+@pytest.mark.parametrize("mode", ["adapters_off", "adapters_off_short", "precompute", "chunked", "copy"])
 def test_xla_dpo_compiles_nothing_after_warmup_and_reads_only_at_log_steps(xla_runs, mode):
     run = xla_runs[mode]
     assert run["compiles_after_warmup"] == 0, run
@@ -320,22 +322,30 @@ def test_xla_dpo_compiles_nothing_after_warmup_and_reads_only_at_log_steps(xla_r
 
 @pytest.mark.xla
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["adapters_off_short", "precompute", "chunked", "copy"])
+def test_xla_every_reference_starts_at_the_policy_itself(xla_runs, mode):
+    run = xla_runs[mode]
+    assert run["losses"][0] == pytest.approx(math.log(2), abs=1e-5)  # step 1: policy = reference
+    assert run["reward_accuracy"][0] == 0.0 and run["reward_margin"][0] == pytest.approx(0.0, abs=1e-6)
+    assert run["losses"][-1] < run["losses"][0]
+
+
+@pytest.mark.xla
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["precompute", "chunked"])
+def test_xla_a_precomputed_reference_and_a_chunked_loss_train_as_the_plain_run(xla_runs, mode):
+    plain, run = xla_runs["adapters_off_short"], xla_runs[mode]
+    assert run["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    assert run["reward_margin"] == pytest.approx(plain["reward_margin"], rel=1e-4, abs=1e-6)
+    assert run["eval_stats"] == pytest.approx(plain["eval_stats"], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.xla
+@pytest.mark.slow
 def test_xla_precomputed_and_copied_references_are_the_ones_asked_for(xla_runs):
     assert "precompute" in xla_runs["precompute"]["reference"][0]
     assert any("computed for every pair" in n for n in xla_runs["precompute"]["reference"])
     assert xla_runs["copy"]["reference"][0].startswith("DPO reference: copy (a full fine-tune")
-    for mode in ("precompute", "copy"):  # a step from policy = reference: log 2, then down
-        losses = xla_runs[mode]["losses"]
-        assert losses[0] == pytest.approx(math.log(2), abs=0.01) and losses[-1] < losses[0]
-
-
-def test_a_dpo_run_refuses_datasets_that_are_not_pairs():
-    from tests.test_train import tiny_cfg, token_dataset
-    from workbench.train import Trainer
-
-    cfg = tiny_cfg(**{"train.objective": "dpo", "lora.rank": 4})
-    with pytest.raises(ValueError, match=r"needs preference pairs.*tokenize_pairs"):
-        Trainer(cfg, train_dataset=token_dataset(16), eval_dataset=None)
 
 
 @pytest.fixture(scope="module")
@@ -396,3 +406,70 @@ def test_a_dpo_run_resumes_bitwise_with_each_reference(tmp_path, pair_data, refe
         assert [m[key] for m in resumed.history] == [m[key] for m in history[4:]], key  # bitwise
     assert history[-1]["loss"] < history[0]["loss"]
     assert f"DPO reference: {reference}" in " ".join(straight.notices)
+
+
+def test_an_sft_run_refuses_pairs_and_a_dpo_run_refuses_a_teacher(pair_data):
+    from workbench.train import Trainer
+
+    train, _, tokenizer = pair_data
+    with pytest.raises(ValueError, match=r"rejected answers too: set train\.objective=dpo"):
+        Trainer(dpo_cfg(**{"train.objective": "sft"}), train_dataset=train, tokenizer=tokenizer)
+    teacher = build_model(tiny("llama", hidden_size=32, intermediate_size=64), seed=1)
+    with pytest.raises(ValueError, match="takes no teacher"):
+        Trainer(dpo_cfg(), train_dataset=train, tokenizer=tokenizer, teacher=teacher)
+
+
+def test_the_stream_counts_pairs_so_a_grown_batch_resumes_its_epoch_in_place(pair_data):
+    from workbench.train import Trainer
+
+    train, held, tokenizer = pair_data
+    trainer = Trainer(dpo_cfg(), train_dataset=train, eval_dataset=held, tokenizer=tokenizer)
+    stream = trainer.data.stream(2, epoch=0, skip=0)
+    batch, info = stream.next()
+    stream.close()
+    assert batch["input_ids"].shape[0] == 4 and info.sequences == 2  # two pairs, four rows
+    import dataclasses
+
+    trainer.loop.step_done([dataclasses.replace(info, index=i) for i in range(3)])  # six pairs at batch 2
+    trainer.loop.resize_batch(3)
+    assert trainer.loop.batch_in_epoch == 2  # past six pairs at batch 3, not twelve
+
+
+def test_an_out_of_memory_split_keeps_pairs_whole(pair_data):
+    from workbench.train import Trainer
+
+    train, _, tokenizer = pair_data
+    trainer = Trainer(dpo_cfg(), train_dataset=train, tokenizer=tokenizer)
+    trainer.loop.split = 2
+    rows = {k: v[:6] for k, v in pair_batch().items()}  # three pairs cannot halve
+    with pytest.raises(ValueError, match="a batch of 3 pairs into 2 equal micro-batches"):
+        trainer.engine.split_batch(rows)
+    halves = trainer.engine.split_batch({k: v[:4] for k, v in pair_batch().items()})
+    assert [h["input_ids"].shape[0] for h in halves] == [2, 2]
+
+
+def test_precompute_runs_on_one_host_and_needs_a_dataset(policy_and_base):
+    policy, _ = policy_and_base
+    cfg = WorkbenchConfig().with_overrides({"train.objective": "dpo", "lora.rank": 4})
+    trained = copy.deepcopy(policy)  # its adapters are away from their start
+    assert resolve_reference(cfg, trained, hosts=2)[0] == "copy"
+    with pytest.raises(ValueError, match="runs on one host; this run has 2"):
+        resolve_reference(cfg.with_overrides({"train.dpo_reference": "precompute"}), trained, hosts=2)
+    from workbench.train.preference import precompute_reference
+
+    data = SimpleNamespace(cfg=cfg, train_dataset=[{"input_ids": [1, 2]}], eval_dataset=None)
+    objective = DPOObjective(DPOSettings(), "precompute")
+    with pytest.raises(ValueError, match=r"columns of a datasets\.Dataset; the train dataset is a list"):
+        precompute_reference(objective, trained, data, autocast=lambda: None, notice=print)
+
+
+def test_a_copied_reference_is_the_policy_exactly_under_bf16_mixed(pair_data):
+    from workbench.train import Trainer
+
+    train, held, tokenizer = pair_data
+    cfg = dpo_cfg(**{"lora.rank": 0, "train.precision": "bf16-mixed", "train.steps": 1})
+    trainer = Trainer(cfg, train_dataset=train, eval_dataset=held, tokenizer=tokenizer)
+    copied = trainer.reference.model
+    assert next(copied.parameters()).dtype == next(trainer.model.parameters()).dtype == torch.float32
+    first = trainer.fit().history[0]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-6) and first["reward_accuracy"] == 0.0

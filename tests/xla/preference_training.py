@@ -1,7 +1,8 @@
 """DPO on 8 XLA:CPU devices, mesh data=2 x fsdp=2 x model=2, on synthetic pairs whose chosen answer
 follows a rule (`tests.preference_data`): LoRA with the adapters-off reference until the held-out
-pairs' reward accuracy is measured, then short runs of the two other references (a precomputed
-one under LoRA, a frozen copy under a full fine-tune). Each run: its metrics per log step, the
+pairs' reward accuracy is measured; then short runs of the same LoRA run, of it with its reference
+precomputed and with the loss in chunks, and of a full fine-tune with a frozen copy. Each run: its
+metrics per log step, the
 compiles after warm-up, the transfers per interval, its notices about the reference."""
 
 from __future__ import annotations
@@ -62,13 +63,18 @@ def main(steps: int = 30) -> dict[str, Any]:
     train, _, tokenizer = build_datasets(cfg, cache_dir=work)
     held_out, _, _ = build_datasets(cfg.with_overrides({"data.source": str(held_file)}), tokenizer=tokenizer)
     lora = cfg.with_overrides({"train.steps": steps, "train.eval_every": steps})
-    short = {"train.steps": 4, "train.eval_every": 4, "train.log_every": 2}
-    precomputed = cfg.with_overrides({**short, "train.dpo_reference": "precompute"})
-    full = cfg.with_overrides({**short, "lora.rank": 0, "train.learning_rate": 1e-4})
+    short = cfg.with_overrides({"train.steps": 4, "train.eval_every": 4, "train.log_every": 1})
     return {
         "adapters_off": _run(lora, train, held_out, tokenizer),
-        "precompute": _run(precomputed, train, held_out, tokenizer),
-        "copy": _run(full, train, held_out, tokenizer),
+        "adapters_off_short": _run(short, train, held_out, tokenizer),
+        "precompute": _run(
+            short.with_overrides({"train.dpo_reference": "precompute"}), train, held_out, tokenizer
+        ),
+        # the loss in chunks of 16 positions: each chunk's per-row log-probs chained into the next
+        "chunked": _run(short.with_overrides({"train.loss_chunk_tokens": 16}), train, held_out, tokenizer),
+        "copy": _run(
+            short.with_overrides({"lora.rank": 0, "train.learning_rate": 1e-4}), train, held_out, tokenizer
+        ),
     }
 
 

@@ -125,7 +125,7 @@ BREAKDOWN_MEANINGS: dict[str, str] = {
     "param_casts": "autocast's compute-precision copies of fp32 weights",
     "grad_accum_buffer": "the running gradient sum under gradient accumulation",
     "dequant": "the largest int4 weight dequantized to the compute precision for its matmul (an int4 head under a chunked loss: two copies)",
-    "reference": "DPO's frozen reference copy of the starting weights, in the compute precision",
+    "reference": "DPO's frozen reference copy of the starting weights, in the parameter precision",
 }
 """What each breakdown part holds, for legends and tables."""
 
@@ -351,7 +351,7 @@ def estimate(
     (None: `workbench.models.lm_head.REFERENCE_MEMORY`), as the trainer does.
     `preference` (a DPO run's reference, `PREFERENCE_REFERENCES`; `preference_reference` reads it
     from a config): `batch_size` counts pairs, each a chosen and a rejected row through the forward
-    and backward passes; 'copy' adds the frozen reference's weights in the compute precision. The
+    and backward passes; 'copy' adds the frozen reference's weights in the parameter precision. The
     reference's own forward runs without gradients before the policy's and keeps nothing for the
     backward pass, so it adds nothing at the step's peak.
     """
@@ -459,8 +459,8 @@ def estimate(
     breakdown["logits"] = logits_bytes(
         rows=rows, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp
     )
-    if preference == "copy":  # the frozen reference: the starting weights again, in the compute precision
-        breakdown["reference"] = math.ceil((plain * nbytes.compute + q_bytes) / shard)
+    if preference == "copy":  # the frozen reference: the starting weights again, as the policy holds them
+        breakdown["reference"] = math.ceil((plain * nbytes.param + q_bytes) / shard)
     breakdown["inputs"] = tokens * 2 * 8  # input_ids and labels, int64
 
     return MemoryEstimate(

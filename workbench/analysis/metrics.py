@@ -70,6 +70,10 @@ class IntervalMetrics(TypedDict):
     """Preference tuning: `reward_accuracy` over the held-out pairs, when an eval ran in the interval."""
     eval_reward_margin: float | None
     """Preference tuning: `reward_margin` over the held-out pairs, when an eval ran in the interval."""
+    eval_chosen_logp: float | None
+    """Preference tuning: `chosen_logp` over the held-out pairs, when an eval ran in the interval."""
+    eval_rejected_logp: float | None
+    """Preference tuning: `rejected_logp` over the held-out pairs, when an eval ran in the interval."""
 
 
 class RunMetrics(IntervalMetrics):
@@ -101,6 +105,8 @@ PREFERENCE_KEYS: tuple[str, ...] = (
     "rejected_logp",
     "eval_reward_accuracy",
     "eval_reward_margin",
+    "eval_chosen_logp",
+    "eval_rejected_logp",
 )
 """The interval keys only preference tuning fills (None in any other run)."""
 

@@ -164,7 +164,7 @@ def model_needs(cfg: Any, roots: DoctorRoots) -> ModelNeeds:
     if (
         preference_reference(cfg) == "copy"
     ):  # DPO's frozen reference: a second copy on the host, then the device
-        copy_bytes = parameters * (4 if precision == "fp32" else 2)
+        copy_bytes = parameters * weight_bytes
         load += copy_bytes
         mode += f", DPO with a frozen reference copy (+{format_bytes(copy_bytes)})"
     description = (

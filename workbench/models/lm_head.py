@@ -231,7 +231,7 @@ class _ChainedCheckpoint(torch.autograd.Function):
     ) -> tuple[torch.Tensor, ...]:
         xs = tuple(_after(x, dep) for x in xs)
         device_type = xs[0].device.type
-        ctx.loss, ctx.has_dep = loss, dep is not None
+        ctx.loss, ctx.dep_shape = loss, dep.shape if dep is not None else None
         ctx.autocast = (
             device_type,
             torch.is_autocast_enabled(device_type),
@@ -257,9 +257,10 @@ class _ChainedCheckpoint(torch.autograd.Function):
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         input_grads = [x.grad if need else None for x, need in zip(inputs, needs)]
         dep_grad = None
-        if ctx.has_dep:  # the previous chunks' backward waits for this one's input gradients
+        if ctx.dep_shape is not None:  # the previous chunks' backward waits for this one's input gradients
             done = [g.float().sum() for g in input_grads if g is not None]
-            dep_grad = _after(torch.zeros((), device=grads[0].device), sum(done) if done else None)
+            # shaped like the dependency: a running sum per row (DPO's log-probs) is a vector
+            dep_grad = _after(torch.zeros(ctx.dep_shape, device=grads[0].device), sum(done) if done else None)
         return (None, dep_grad, *input_grads)
 
 

@@ -22,11 +22,11 @@ Where the reference comes from (``train.dpo_reference``, `resolve_reference`):
 - ``adapters_off``: the policy's own weights with its LoRA adapters switched off (peft's
   ``disable_adapter``), traced into the same program as the policy's forward: no second copy,
   one more forward without gradients.
-- ``copy``: a frozen copy of the starting model in the compute precision, placed on the mesh like
-  the model (`workbench.analysis.estimate` counts its weights).
+- ``copy``: a frozen copy of the starting model in its own precision, placed on the mesh like the
+  model (`workbench.analysis.estimate` counts its weights).
 - ``precompute``: before training, one pass over the train and eval pairs with the starting
-  model (`precompute_reference`); the log-probs are stored with the datasets and arrive in each
-  batch as ``reference_logps``. No reference forward in the step at all.
+  model (`precompute_reference`); the log-probs are stored with the datasets (in memory) and arrive
+  in each batch as ``reference_logps``. No reference forward in the step at all. One host only.
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp"
 
 REFERENCE_COLUMNS = ("reference_chosen_logp", "reference_rejected_logp")
 """The dataset columns a precomputed reference adds (the collator turns them into ``reference_logps``)."""
+
+PRECOMPUTE_BUCKETS = 4
+"""Shapes of the precomputing pass when the run's own number is 'auto' (chosen after it)."""
 
 
 # ---- the loss ---------------------------------------------------------------------------------
@@ -132,6 +135,8 @@ class DPOObjective(torch.nn.Module):
     'copy' (give `reference_model`) or 'precompute' (batches carry ``reference_logps``)."""
 
     stat_names = STAT_NAMES
+    rows_per_example = 2
+    """A pair is two rows: a split of the batch keeps them together."""
 
     def __init__(
         self,
@@ -226,9 +231,25 @@ def adapters_at_start(model: torch.nn.Module) -> bool:
     return all(not torch.count_nonzero(p).item() for name, p in model.named_parameters() if "lora_B" in name)
 
 
-def resolve_reference(cfg: WorkbenchConfig, model: torch.nn.Module) -> tuple[str, str]:
-    """``train.dpo_reference`` for this run's (prepared, host) model, and a sentence saying why."""
+def _hosts() -> int:
+    return runtime.xla_process_count() if runtime.runtime_started() else 1
+
+
+def resolve_reference(
+    cfg: WorkbenchConfig, model: torch.nn.Module, hosts: int | None = None
+) -> tuple[str, str]:
+    """``train.dpo_reference`` for this run's (prepared, host) model, and a sentence saying why.
+
+    A precomputed reference is one host's pass over its own share of the pairs: on several hosts
+    their passes would run different programs at the same time, so 'auto' copies there instead.
+    """
     asked, lora = cfg.train.dpo_reference, is_lora(model)
+    hosts = _hosts() if hosts is None else hosts
+    if asked == "precompute" and hosts > 1:
+        raise ValueError(
+            f"train.dpo_reference='precompute' runs on one host; this run has {hosts}: use 'copy' (or "
+            "'adapters_off' for fresh LoRA adapters)"
+        )
     if asked == "adapters_off" and lora and not adapters_at_start(model):
         raise ValueError(
             "train.dpo_reference='adapters_off' would make the base model the reference, but this run "
@@ -239,6 +260,11 @@ def resolve_reference(cfg: WorkbenchConfig, model: torch.nn.Module) -> tuple[str
         return asked, f"train.dpo_reference={asked!r}"
     if lora and adapters_at_start(model):
         return "adapters_off", "fresh LoRA adapters: the reference is the same weights with the adapters off"
+    if lora and hosts > 1:
+        return (
+            "copy",
+            "the run continues trained adapters on several hosts: the reference is a frozen copy of them",
+        )
     if lora:
         return "precompute", (
             "the run continues trained adapters, so the reference is their model: its log-probs are "
@@ -259,8 +285,9 @@ def prepare_reference(
     cfg: WorkbenchConfig, model: torch.nn.Module, notice: Callable[[str], None]
 ) -> Reference | None:
     """For ``train.objective: dpo``, the reference of `model` (prepared, still on the host): its mode
-    said through `notice`, and for 'copy' a frozen copy in the compute precision (bf16 under
-    'bf16-mixed' and 'bf16', whose matmuls run in bf16 anyway; fp32 under 'fp32'). None for SFT."""
+    said through `notice`, and for 'copy' a frozen copy in the policy's own precision, so that at the
+    first step the reference is the policy exactly (a bf16 copy of fp32 master weights would run its
+    norms and residuals in bf16 and tilt every reward). None for SFT."""
     if cfg.train.objective != "dpo":
         return None
     mode, why = resolve_reference(cfg, model)
@@ -268,24 +295,37 @@ def prepare_reference(
     if mode != "copy":
         return Reference(mode)
     frozen = copy.deepcopy(model)
-    if cfg.train.precision != "fp32":
-        frozen.to(torch.bfloat16)
     frozen.requires_grad_(False).eval()
     return Reference(mode, frozen)
+
+
+def check_objective_data(cfg: WorkbenchConfig, data: Any, *, teacher: Any = None) -> None:
+    """The run's datasets against ``train.objective``: pairs for DPO (and only for DPO, which distils
+    nothing); an SFT run of pairs would train on the rejected answers too."""
+    dpo = cfg.train.objective == "dpo"
+    if dpo and teacher is not None:
+        raise ValueError("train.objective='dpo' takes no teacher: distillation and DPO are separate runs")
+    for split in (data.train_dataset, data.eval_dataset):
+        if split is None or is_pair_dataset(split) == dpo:
+            continue
+        names = sorted(getattr(split, "column_names", None) or [])
+        if dpo:
+            raise ValueError(
+                "train.objective='dpo' needs preference pairs (columns input_ids, labels, rejected_input_ids, "
+                f"rejected_labels: `workbench.data.preference.tokenize_pairs`); a dataset handed to the Trainer "
+                f"has {names}. Leave the datasets to the Trainer (data.source of prompt/chosen/rejected "
+                "records) or tokenise them with tokenize_pairs"
+            )
+        raise ValueError(
+            f"a dataset handed to the Trainer holds preference pairs ({names}) but train.objective="
+            f"{cfg.train.objective!r} would train on the rejected answers too: set train.objective=dpo"
+        )
 
 
 def preference_objective(trainer: Any, chunking: LossChunking, place: Callable[..., Any]) -> DPOObjective:
     """The DPO objective of a `Trainer` whose model is placed: a 'copy' reference placed like the model
     (``place(module, mesh, device)``), a 'precompute' reference computed into its datasets now."""
     reference, cfg = trainer.reference, trainer.cfg
-    for split in (trainer.data.train_dataset, trainer.data.eval_dataset):
-        if split is not None and not is_pair_dataset(split):
-            raise ValueError(
-                "train.objective='dpo' needs preference pairs (columns input_ids, labels, rejected_input_ids, "
-                "rejected_labels: `workbench.data.preference.tokenize_pairs`); a dataset handed to the Trainer "
-                f"has {sorted(getattr(split, 'column_names', []) or [])}. Leave the datasets to the Trainer "
-                "(data.source of prompt/chosen/rejected records) or tokenise them with tokenize_pairs"
-            )
     if reference.model is not None:
         place(reference.model, trainer.mesh, trainer.device)
     settings = DPOSettings(cfg.train.dpo_beta, cfg.train.dpo_loss)
@@ -322,13 +362,25 @@ def precompute_reference(
     notice: Callable[[str], None],
 ) -> None:
     """Add `REFERENCE_COLUMNS` to `data`'s train and eval datasets: the starting `model`'s answer
-    log-probs, one pass in the run's batch shapes, one read from the device at the end of each split."""
+    log-probs, one pass in the run's bucket plan (at most `PRECOMPUTE_BUCKETS` shapes under
+    ``max_buckets: auto``), one read from the device at the end of each split. The columns live with
+    the datasets in memory: a resumed run computes them again from the starting model."""
     cfg = data.cfg
+    if cfg.bucketing.max_buckets == "auto":
+        # the run chooses its buckets later, from compile costs measured on its step; this pass
+        # (another program) takes the bounded plan the workbench falls back to, not one per length
+        cfg = cfg.with_overrides({"bucketing.max_buckets": PRECOMPUTE_BUCKETS})
     model.eval()
     for split in ("train_dataset", "eval_dataset"):
         dataset = getattr(data, split)
         if dataset is None:
             continue
+        if not hasattr(dataset, "add_column"):
+            raise ValueError(
+                f"train.dpo_reference='precompute' stores the log-probs as columns of a datasets.Dataset; the "
+                f"{split.replace('_', ' ')} is a {type(dataset).__name__}: pass a datasets.Dataset "
+                "(e.g. datasets.Dataset.from_list(...)) or use 'adapters_off' / 'copy'"
+            )
         epochs = data.train_epochs() if split == "train_dataset" else data.eval_passes()
         kwargs = dict(
             pad_token_id=data.pad_token_id, dp_size=data.dp_size, seed=cfg.train.seed, epochs=epochs

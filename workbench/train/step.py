@@ -193,7 +193,8 @@ class StepEngine:
                 self._stat_acc[name].add_(value.detach().float())
 
     def _update(self) -> dict[str, torch.Tensor]:
-        """Scale accumulated gradients to the token mean, clip, step; returns device tensors to log."""
+        """Scale accumulated gradients to the mean over the step's count (real tokens; DPO: real pairs), clip,
+        step; returns device tensors to log."""
         with torch.no_grad():
             inv_tokens = 1.0 / self._tokens_acc.clamp(min=1.0)
             for p in self.params:
@@ -225,9 +226,11 @@ class StepEngine:
         if split == 1:
             return [batch]
         rows = batch["input_ids"].shape[0]
-        if rows % split:
+        per_example = getattr(self.objective, "rows_per_example", 1)  # a DPO pair's two rows stay together
+        if (rows // per_example) % split:
+            what = "pairs" if per_example == 2 else "rows"
             raise ValueError(
-                f"cannot split a batch of {rows} rows into {split} equal micro-batches after an "
+                f"cannot split a batch of {rows // per_example} {what} into {split} equal micro-batches after an "
                 "out-of-memory retry; use a batch size (or bucketing.tokens_per_batch) divisible by it"
             )
         size = rows // split

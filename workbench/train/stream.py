@@ -37,6 +37,7 @@ class BatchInfo:
     index: int
     """Position of the batch within its epoch (0-based)."""
     sequences: int
+    """Dataset examples in the batch (a preference pair, two rows, counts once)."""
     tokens: int
     """Real (non-padding) input tokens."""
     shape: tuple[int, int]
@@ -59,9 +60,17 @@ class HostStream:
     """
 
     def __init__(
-        self, loader: Any, sampler: BucketBatchSampler, *, start_epoch: int = 0, skip: int = 0
+        self,
+        loader: Any,
+        sampler: BucketBatchSampler,
+        *,
+        start_epoch: int = 0,
+        skip: int = 0,
+        rows_per_example: int = 1,
     ) -> None:
         self.loader, self.sampler = loader, sampler
+        self.rows_per_example = rows_per_example
+        """Rows a dataset example becomes (2 for a preference pair): `BatchInfo.sequences` counts examples."""
         self.start_epoch, self.skip = start_epoch, skip
         self.infos: deque[BatchInfo] = deque()
 
@@ -76,7 +85,13 @@ class HostStream:
             for index, batch in enumerate(self.loader, start=skip):
                 ids = batch["input_ids"]
                 self.infos.append(
-                    BatchInfo(epoch, index, int(ids.shape[0]), real_tokens(batch), tuple(ids.shape[:2]))
+                    BatchInfo(
+                        epoch,
+                        index,
+                        int(ids.shape[0]) // self.rows_per_example,
+                        real_tokens(batch),
+                        tuple(ids.shape[:2]),
+                    )
                 )
                 produced += 1
                 yield batch
@@ -161,7 +176,8 @@ class TrainingData:
     def stream(self, batch_size: int, *, epoch: int, skip: int) -> DeviceStream:
         """Training batches at `batch_size` from batch `skip` of `epoch` on, endlessly."""
         loader, sampler = self.loader(self.train_dataset, batch_size)
-        host = HostStream(loader, sampler, start_epoch=epoch, skip=skip)
+        rows = 2 if is_pair_dataset(self.train_dataset) else 1
+        host = HostStream(loader, sampler, start_epoch=epoch, skip=skip, rows_per_example=rows)
         return DeviceStream(host, self.device, xla=self.xla, batch_sharding=self.batch_sharding)
 
     def eval_batches(self, batch_size: int) -> Iterable[dict]:

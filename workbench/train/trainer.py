@@ -52,7 +52,7 @@ from workbench.train.lora import apply_lora, save_model
 from workbench.train.objective import CausalLMObjective, LossChunking
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import build_optimizer, warmup_cosine
-from workbench.train.preference import preference_objective, prepare_reference
+from workbench.train.preference import check_objective_data, preference_objective, prepare_reference
 from workbench.train.run_checkpoints import RunCheckpoints
 from workbench.train.start import StartingModel, starting_model
 from workbench.train.state import LoopState, TrainingState
@@ -237,7 +237,7 @@ class Trainer:
 
     # ---- eval and checkpoints ----
     def evaluate(self, max_batches: int | None = None) -> float:
-        """Mean next-token loss over the eval set, a float with ``.perplexity`` (one host read at the end)."""
+        """Mean eval loss (next-token, or DPO's with its ``.stats``), a float with ``.perplexity`` (one host read at the end)."""
         if self.data.eval_dataset is None:
             raise ValueError("no eval dataset: pass eval_dataset= or set data.eval_fraction > 0")
         self.last_eval_loss = self.engine.eval_loss(self.data.eval_batches(self.loop.batch_size), max_batches)
@@ -520,6 +520,7 @@ def build_objective(trainer: Trainer, teacher: torch.nn.Module | None) -> torch.
         data_parallel=spec.dp_size if spec is not None else 1,
         model_parallel=spec.model if spec is not None else 1,
     )
+    check_objective_data(trainer.cfg, trainer.data, teacher=teacher)
     if trainer.reference is not None:
         return preference_objective(trainer, chunking, place)
     if teacher is None:
