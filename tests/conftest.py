@@ -75,3 +75,18 @@ def xla_scenario() -> Callable[..., Any]:
     """`xla_scenario(name, devices=8, env=None, **params)` runs the scenario module
     ``tests/xla/<name>.py`` on virtual XLA:CPU devices in a subprocess."""
     return run_scenario
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    """A tokenizer cache of the module's own (the data tests train the default tokenizer into it)."""
+    return tmp_path_factory.mktemp("wb-cache")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(cache_dir):
+    """The default config's tokenizer (trained on the embedded corpus, with a chat template)."""
+    from workbench.config import DataConfig
+    from workbench.data import get_tokenizer
+
+    return get_tokenizer(DataConfig(), cache_dir=cache_dir)

@@ -10,17 +10,6 @@ import pytest
 from workbench import data
 from workbench.config import DataConfig, WorkbenchConfig
 
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("wb-cache")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(cache_dir):
-    return data.get_tokenizer(DataConfig(), cache_dir=cache_dir)
-
-
 # ---- the embedded corpus ---------------------------------------------------------------------
 
 

@@ -19,11 +19,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:data.format='auto'")
 ROWS = [json.dumps({"text": f"row {i}", "n": i}) for i in range(5)]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("wb-cache")
-
-
 def write(path: Path, content: str | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(content, bytes):

@@ -44,16 +44,6 @@ HELPSTEER = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("wb-cache")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(cache_dir):
-    return data.get_tokenizer(DataConfig(), cache_dir=cache_dir)
-
-
 def jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path

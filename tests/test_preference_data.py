@@ -29,16 +29,6 @@ def says(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("wb-cache")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(cache_dir):
-    return data.get_tokenizer(DataConfig(), cache_dir=cache_dir)
-
-
 def _copy(tokenizer, where: Path, **changes):
     tokenizer.save_pretrained(where)
     copy = tokenizer.__class__.from_pretrained(str(where))
