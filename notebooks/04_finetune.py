@@ -95,11 +95,11 @@ print("\n".join(n for n in trainer.notices if n.startswith("model.quantize")))  
 # to buckets: a fixed set of compiled programs, reused after training.
 
 # %%
+from workbench.data import chat_token_ids
 from workbench.generate import generate
 
 questions = ["How do I reverse a list in Python?", "What does os.path.join do?"]
-prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False)
-           for q in questions]
+prompts = [chat_token_ids(tokenizer, [{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
 sample = generate(trainer.model, prompts, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
 before = trainer.evaluate()
 for q, reply in zip(questions, sample.texts):

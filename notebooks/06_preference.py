@@ -99,11 +99,11 @@ print("\n".join(n for n in trainer.notices if n.startswith("DPO reference")))  #
 # reference's) is 0 or nearly: the DPO loss is log 2 = 0.693 and no pair is won yet.
 
 # %%
+from workbench.data import chat_token_ids
 from workbench.generate import generate
 
 questions = ["What does `os.path.join` do?", "Briefly, how does `heapq.heappush` behave?"]
-prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_dict=False)
-           for q in questions]
+prompts = [chat_token_ids(tokenizer, [{"role": "user", "content": q}], add_generation_prompt=True) for q in questions]
 sample = generate(trainer.model, prompts, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
 before = trainer.evaluate()
 for q, reply in zip(questions, sample.texts):
