@@ -46,6 +46,8 @@ bench: venv browser-deps
 	PJRT_DEVICE=CPU $(PY) bench/quantize.py
 	PJRT_DEVICE=CPU $(PY) bench/memory_real.py
 	PJRT_DEVICE=CPU $(PY) bench/compile_log_cost.py
+	PJRT_DEVICE=CPU $(PY) bench/attention.py
+	PJRT_DEVICE=CPU $(PY) bench/communication.py
 	$(PY) bench/frontends.py
 
 clean:

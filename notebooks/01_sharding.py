@@ -12,6 +12,7 @@ cpu_xla_devices = 8  # no TPU/GPU: virtual XLA:CPU devices to build the mesh on
 data = 2
 fsdp = 2
 model_parallel = 2
+target = "v5e-8"  # the chip slice to price the step's communication on and rank meshes for
 hidden_size = 64
 num_layers = 2
 steps = 6
@@ -54,6 +55,25 @@ print(plan.table())
 from widgets import mesh_view
 
 mesh_view(plan)
+
+# %% [markdown]
+# ## What a step sends, and which mesh to pick
+#
+# The collectives of one training step on this mesh, predicted from shapes (bytes each device sends
+# per mesh axis, and their time on the target's interconnect against the step's compute), beside
+# the target's mesh plan: every `data × fsdp × model` shape ranked by estimated step time, and why
+# the first wins.
+
+# %%
+from workbench.analysis.comm_model import predict_communication
+from workbench.analysis.mesh_plan import plan_mesh
+
+batch = 2 * requested.dp_size  # as the run below: two sequences per data-parallel shard
+seq_len = cfg.data.max_length
+communication = predict_communication(cfg.model, requested.axis_sizes, batch_size=batch, seq_len=seq_len)
+mesh_plan = plan_mesh(cfg.model, target, seq_len, batch)
+print(mesh_plan.reason)
+mesh_view(plan, communication=communication, plan=mesh_plan)
 
 # %% [markdown]
 # ## Shard the real model with SPMD and train a few steps

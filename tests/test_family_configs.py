@@ -29,7 +29,7 @@ import pytest
 from bench.real_shapes import make_checkpoint, real_config
 from tests.conftest import REPO
 from tests.test_cli import _plain_env
-from workbench.analysis.estimate import MemoryEstimate, estimate
+from workbench.analysis.estimate import MemoryEstimate, estimate, estimate_attention
 from workbench.analysis.shape import model_shape
 from workbench.backend.targets import TARGETS
 from workbench.config import WorkbenchConfig, load_config
@@ -110,6 +110,10 @@ def _estimate(cfg: WorkbenchConfig, target: str, **changes) -> MemoryEstimate:
         quantize=cfg.model.quantize,
         loss_chunk_tokens=cfg.train.loss_chunk_tokens,
         memory_bytes=chip.memory_per_device_bytes,
+        # the kernel model.attention runs there: flash on a TPU (chunked for Gemma 2's softcap)
+        attention=estimate_attention(
+            cfg.model.attention, chip, seq_len=cfg.data.max_length, model_config=cfg.model
+        ),
     )
     return estimate(cfg.model, **{**settings, **changes})
 

@@ -96,8 +96,14 @@ def test_precision_checkpointing_attention_and_mesh_move_the_right_parts():
 
     flash = estimate(TINY, batch_size=8, seq_len=512, precision="fp32", attention="flash")
     eager = estimate(TINY, batch_size=8, seq_len=512, precision="fp32", attention="eager")
-    # eager keeps h*T probabilities per token per layer: 2 layers * 4 heads * 512 * 4 bytes * 4096 tokens
-    assert eager.breakdown["activations"] - flash.breakdown["activations"] == 2 * 4 * 512 * 4 * 8 * 512
+    # eager keeps h*T probabilities per token per layer: 2 layers * 4 heads * 512 * 4 bytes * 4096 tokens,
+    # and one layer's backward holds two more (the probabilities' and scores' gradients) and the
+    # [rows, 1, T, T] mask: 2 * 4 * 512 + 512 fp32 per token, beyond what the freed logits held
+    saved = 2 * 4 * 512 * 4 * 8 * 512
+    transient = (2 * 4 * 512 + 512) * 4 * 8 * 512
+    excess = max(0, transient - eager.breakdown["logits"])
+    assert eager.breakdown["activations"] - flash.breakdown["activations"] == saved + excess
+    assert eager.scores_bytes == saved + transient and flash.scores_bytes == 0
 
     sharded = estimate(
         TINY, batch_size=16, seq_len=64, precision="fp32", mesh={"data": 2, "fsdp": 4, "model": 1}

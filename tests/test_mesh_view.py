@@ -1,14 +1,30 @@
-"""The sharding map drawn from a real sharding plan of a real (tiny) transformers model."""
+"""The sharding map drawn from a real sharding plan of a real (tiny) transformers model, and beside it
+the communication of a step on that mesh (predicted from shapes, priced on a target) and the mesh plan."""
 
 from __future__ import annotations
 
+import html
 import warnings
 
+import ipywidgets as ipw
 import plotly.graph_objects as go
 import pytest
 
 from widgets.live_plot import FigureView
-from widgets.mesh_view import mesh_figure, mesh_view, parameter_group_rows, split_kind
+from widgets.mesh_view import (
+    MeshView,
+    communication_figure,
+    communication_panel,
+    mesh_figure,
+    mesh_view,
+    parameter_group_rows,
+    split_kind,
+)
+from workbench.analysis.comm_model import predict_communication
+from workbench.analysis.communication import CommunicationReport
+from workbench.analysis.hlo_collectives import Collective
+from workbench.analysis.mesh_plan import plan_mesh
+from workbench.backend.hardware import CHIPS
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
 from workbench.parallel.plan import ShardingReport, plan_sharding
@@ -17,9 +33,12 @@ from workbench.parallel.rules import rules_for
 MiB = 1024**2
 
 
+TINY = ModelConfig(family="llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+
+
 @pytest.fixture(scope="module")
 def model():
-    return build_model(ModelConfig(family="llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2))
+    return build_model(TINY)
 
 
 def plan(model, sizes):
@@ -145,3 +164,76 @@ def test_empty_report_is_refused():
     empty = ShardingReport([], {"data": 1, "fsdp": 1, "model": 1}, [0])
     with pytest.raises(ValueError, match="no entries"):
         mesh_figure(empty)
+
+
+def test_mesh_view_shows_the_communication_of_a_step_and_the_mesh_plan(model):
+    sizes = {"data": 2, "fsdp": 4, "model": 1}
+    report = plan(model, sizes)
+    comm = predict_communication(TINY, sizes, batch_size=8, seq_len=64)
+    mesh_plan = plan_mesh(TINY, "v5e-8", 64, 8)
+    view = mesh_view(report, communication=comm, plan=mesh_plan)  # priced on the plan's target
+    assert isinstance(view, MeshView) and isinstance(view, ipw.VBox)
+    assert view.children == (view.sharding, view.communication, view.summary)
+    assert view.figure.layout.title.text == mesh_figure(report).layout.title.text
+
+    fig = view.communication.figure
+    traffic = comm.per_axis()
+    assert {"data", "fsdp"} <= set(traffic)  # gradients over data, weights gathered over fsdp
+    assert list(fig.data[0].y) == list(traffic)
+    bars = {t.name: t for t in fig.data if t.name != "time"}
+    assert bars["reduce-scatter"].x[list(traffic).index("fsdp")] == pytest.approx(
+        traffic["fsdp"].by_kind["reduce-scatter"] / MiB
+    )
+    for i, axis in enumerate(traffic):  # the kinds stack up to what each device sends over that axis
+        assert sum(b.x[i] for b in bars.values()) == pytest.approx(traffic[axis].tpu_wire_bytes / MiB)
+    cost = comm.price("v5e-8")
+    (time_bar,) = [t for t in fig.data if t.name == "time"]
+    assert list(time_bar.y) == [*traffic, "compute at peak"]
+    assert list(time_bar.x) == pytest.approx(
+        [s * 1e3 for s in cost.seconds_per_axis.values()] + [cost.compute_s * 1e3]
+    )
+    assert cost.seconds_per_axis["fsdp"] == pytest.approx(
+        traffic["fsdp"].tpu_wire_bytes / CHIPS["v5e"].collective_bandwidth
+    )
+    assert f"{100 * cost.share:.0f}% of the step on v5e-8" in fig.layout.title.text
+    look = view.communication.channel.get_state()["look"]  # a page attaching late draws it whole
+    assert look["whole"] and len(look["styles"]) == len(fig.data)
+
+    page = view.summary.value
+    assert "time on v5e-8" in page and "reduce-scatter" in page and "ICI" in page
+    assert "Mesh plan for v5e-8" in page and html.escape(mesh_plan.reason) in page
+    drawn = next(i for i, o in enumerate(mesh_plan.options) if (o.data, o.fsdp, o.model) == (2, 4, 1))
+    assert (
+        f"<td style='padding:1px 8px'>{drawn + 1}</td><td style='padding:1px 8px'>2x4x1 (drawn)</td>" in page
+    )
+    assert page.count("<tr") == 1 + len(traffic) + 1 + 5 + (drawn >= 5)  # a row per axis group, 5 plan rows
+
+
+def test_communication_panel_takes_a_cost_a_plan_or_a_report_read_from_xla_cpu():
+    # an fsdp gradient all-reduced whole and sliced, as XLA:CPU compiles it: TPU's XLA sends half
+    grad = Collective(
+        "g", "all-reduce", "main", "f32", (64, 64), 64 * 64 * 4, 8, 1, ("fsdp",), 3, scatter_pattern=True
+    )
+    report = CommunicationReport([grad], {"data": 1, "fsdp": 8, "model": 1})
+    fig = communication_figure(report)
+    bar, marker = fig.data
+    assert (bar.name, list(bar.x)) == ("reduce-scatter", [pytest.approx(3 * 7 / 8 * 64 * 64 * 4 / MiB)])
+    assert marker.name.startswith("as compiled here") and list(marker.x) == [pytest.approx(2 * bar.x[0])]
+    panel = communication_panel(report, target="v4-32")
+    assert "all-reduced whole over fsdp" in panel.summary.value and "on v4-32" in panel.summary.value
+
+    only_cost = communication_figure(report.price("v5e-8"))  # no report: the time panel alone
+    assert [t.name for t in only_cost.data] == ["time"] and "v5e-8" in only_cost.layout.annotations[0].text
+
+    mesh_plan = plan_mesh(TINY, "v5e-8", 64, 8)
+    last = len(mesh_plan.options) - 1
+    worst = mesh_plan.options[last]
+    only_plan = communication_panel(
+        plan=mesh_plan, mesh={"data": worst.data, "fsdp": worst.fsdp, "model": worst.model}, rows=2
+    )
+    assert only_plan.communication is None and only_plan.children == (only_plan.summary,)
+    assert only_plan.summary.value.count("<tr") == 1 + 3 and f"{last + 1}</td>" in only_plan.summary.value
+    with pytest.raises(ValueError, match="needs a CommunicationReport"):
+        communication_panel()
+    with pytest.raises(TypeError, match="CommunicationReport"):
+        communication_figure({"fsdp": 1.0})

@@ -5,17 +5,21 @@ between log intervals (transfer counts), compile counting, and each advice provo
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import time
 
 import pytest
 import transformers as tf
 
+from workbench.analysis.comm_model import predict_communication
 from workbench.analysis.flops import mfu, training_flops_per_token
 from workbench.analysis.metrics import INTERVAL_KEYS
-from workbench.analysis.profiler import StepProfiler
+from workbench.analysis.profiler import StepProfiler, communication_finding, run_communication
 from workbench.analysis.trace import trace
-from workbench.backend.hardware import HardwareInfo
+from workbench.backend.hardware import CHIPS, HardwareInfo
+from workbench.config import WorkbenchConfig
+from workbench.units import format_bytes
 
 
 def test_flops_per_token_gpt2_124m_by_hand():
@@ -114,6 +118,57 @@ def test_profiler_intervals_exports_and_advice_on_plain_cpu(tmp_path):
 
     with pytest.raises(ValueError, match="log_every=0"):
         StepProfiler(None, log_every=0)
+
+
+def _chip(backend: str, chip: str, *, via_xla: bool = True, devices: int = 8) -> HardwareInfo:
+    return dataclasses.replace(_hw(None, devices), backend=backend, chip=chip, via_xla=via_xla)
+
+
+def test_profiler_advice_on_an_fsdp_mesh_names_the_reduce_scatter(tmp_path):
+    cfg = WorkbenchConfig()  # the tiny llama: hidden 64, 4 heads (2 key/value), MLP 128, 2 layers
+    assert run_communication(cfg.model, cfg, {"data": 1, "fsdp": 1}) is None  # one device: nothing moves
+    predict = run_communication(cfg.model, cfg, {"fsdp": 8})
+    calls = []
+    prof = StepProfiler(_hw(None, 8), log_every=2, communication=lambda: calls.append(1) or predict())
+    for _ in range(4):
+        prof.step(100, loss=1.0)
+    assert calls == []  # never per step: worked out from shapes at the first advice, once
+    (found,) = [a for a in prof.advice() if a.kind == "communication"]
+    prof.advice()
+    prof.to_json(tmp_path / "p.json")
+    assert calls == [1]
+    assert found.message.startswith(
+        "Each device sends per step on mesh fsdp=8 (predicted from shapes): fsdp "
+    )
+    assert "reduce-scatter" in found.message and "no published interconnect bandwidth" in found.message
+    report = predict()
+    assert found.evidence["wire_bytes_per_axis"] == {"fsdp": pytest.approx(report.tpu_wire_bytes)}
+
+    # XLA:CPU runs each reduce-scatter as an all-reduce of the whole tensor and a slice, among them the
+    # gradients of 7 projections x 2 layers: 64x64 + 2 x 32x64 + 64x64 + 3 x 128x64 fp32 each
+    (cpu,) = communication_finding(report, _chip("cpu", "cpu"))
+    scattered = [c for c in report.collectives if c.kind == "reduce-scatter"]
+    grads = [c for c in scattered if c.name.startswith("layers.") and c.name.endswith(" gradient")]
+    assert sum(c.size_bytes * c.count for c in grads) == 2 * (4096 + 2 * 2048 + 4096 + 3 * 8192) * 4
+    whole = sum(c.size_bytes * c.count for c in scattered)
+    wire = 2 * 7 / 8 * whole  # the all-reduce's ring bytes; a reduce-scatter moves half
+    assert (
+        f"{sum(c.count for c in scattered)} tensors ({format_bytes(whole)}) are all-reduced whole over fsdp "
+        f"(up to 8 devices) and then sliced: a reduce-scatter moves half ({format_bytes(wire / 2)} instead of "
+        f"{format_bytes(wire)} per device)"
+    ) in cpu.message
+    assert "as TPU's XLA compiles it" in cpu.message and "the CPU has no published" in cpu.message
+
+    # a TPU prices it: seconds per axis at the chip's collective bandwidth, and the share of the step
+    (tpu,) = communication_finding(report, _chip("tpu", "v5e"))
+    seconds = report.tpu_wire_bytes / CHIPS["v5e"].collective_bandwidth
+    assert tpu.evidence["seconds_per_axis"] == {"fsdp": pytest.approx(seconds)}
+    assert 0 < tpu.evidence["share"] < 1 and "On detected v5e: communication " in tpu.message
+    assert "all-reduced whole" not in tpu.message  # TPU's XLA already runs the reduce-scatter
+    assert (
+        communication_finding(predict_communication(cfg.model, {"data": 1}, batch_size=8, seq_len=8), None)
+        == []
+    )
 
 
 def test_trace_on_cpu_writes_a_tensorboard_trace(tmp_path):

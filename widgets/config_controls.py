@@ -1,15 +1,18 @@
-"""The config panel's controls for the two settings that shrink a big model's step: a quantized
-base (``model.quantize``) and a chunked loss (``train.loss_chunk_tokens``).
+"""The config panel's controls for the settings that shrink a big model's step: a quantized
+base (``model.quantize``), a chunked loss (``train.loss_chunk_tokens``) and the attention kernel
+(``model.attention``).
 
-`MemorySavingControls` holds the two widgets; the panel (`widgets.config_panel.ConfigPanel`) asks
+`MemorySavingControls` holds the three widgets; the panel (`widgets.config_panel.ConfigPanel`) asks
 it for its config overrides and wires its widgets like its own. What each setting saves is drawn
-by `widgets.config_figures.quantize_readout` and `loss_chunk_readout`.
+by `widgets.config_figures.quantize_readout`, `loss_chunk_readout` and `attention_readout`.
 
 - Quantized base: 'none' (the training precision), 'int8' (per output channel) or 'int4'
   (blockwise). Only LoRA trains on top of integers: with LoRA off the config refuses it, and the
   panel shows that message instead of an estimate.
 - Loss chunk: 'auto' (chunk when the whole batch's logits would take a large share of the
   device's memory, as the trainer does), never (0), or a number of tokens per chunk.
+- Attention: 'auto' (what the trainer picks on the panel's target: flash on a TPU, sdpa on a GPU),
+  or one kernel of `workbench.models.attention.ATTENTION_KERNELS`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Any
 
 import ipywidgets as ipw
 
+from widgets.config_figures import attention_readout, loss_chunk_readout, quantize_readout
+from workbench.models.attention_choice import ATTENTION_KERNELS
 from workbench.models.quantize import QUANTIZE_MODES
 
 QUANTIZE_LABELS = {
@@ -28,6 +33,14 @@ QUANTIZE_LABELS = {
 """How the quantize dropdown names each of `workbench.models.quantize.QUANTIZE_MODES`."""
 LOSS_CHUNK_TOKENS: list[int | str] = ["auto", 0, 256, 512, 1024, 2048, 4096, 8192]
 """The loss chunk sizes offered (tokens per chunk; 'auto'; 0: never), plus the config's own."""
+ATTENTION_LABELS = {
+    "auto": "auto (for the target)",
+    "eager": "eager (T × T scores saved)",
+    "sdpa": "sdpa (fused, CUDA)",
+    "flash": "flash (Pallas, TPU)",
+    "chunked": "chunked (query blocks, XLA)",
+}
+"""How the attention dropdown names each of `workbench.models.attention.ATTENTION_KERNELS`."""
 
 
 def _chunk_label(value: int | str) -> str:
@@ -60,14 +73,40 @@ class MemorySavingControls:
             layout=layout,
             tooltip="LM head + cross-entropy a chunk of tokens at a time (train.loss_chunk_tokens)",
         ).add_class("wb-loss-chunk")
+        self.attention = ipw.Dropdown(
+            options=[(ATTENTION_LABELS.get(k, k), k) for k in ATTENTION_KERNELS],
+            value=cfg.model.attention,
+            description="Attention",
+            style=style,
+            layout=layout,
+            tooltip="the attention kernel (model.attention): what the T × T scores cost",
+        ).add_class("wb-attention")
+        self.quantize_html = ipw.HTML().add_class("wb-quantize-saving")
+        self.loss_chunk_html = ipw.HTML().add_class("wb-loss-chunk-saving")
+        self.attention_html = ipw.HTML().add_class("wb-attention-saving")
 
     @property
     def widgets(self) -> list[ipw.Widget]:
-        return [self.quantize, self.loss_chunk]
+        return [self.quantize, self.loss_chunk, self.attention]
+
+    @property
+    def readouts(self) -> list[ipw.HTML]:
+        """What each setting saves: the quantized base, the loss chunks, the attention scores."""
+        return [self.quantize_html, self.loss_chunk_html, self.attention_html]
+
+    def draw(self, est: Any, cfg: Any) -> None:
+        """Redraw the readouts for the estimate `est` of config `cfg`."""
+        self.quantize_html.value = quantize_readout(est)
+        self.loss_chunk_html.value = loss_chunk_readout(est, cfg.train.loss_chunk_tokens)
+        self.attention_html.value = attention_readout(est, est.eager_scores_bytes, cfg.model.attention)
 
     def overrides(self) -> dict[str, Any]:
-        """The ``model.quantize`` and ``train.loss_chunk_tokens`` settings these controls describe."""
-        return {"model.quantize": self.quantize.value, "train.loss_chunk_tokens": self.loss_chunk.value}
+        """The ``model.quantize``, ``train.loss_chunk_tokens`` and ``model.attention`` settings these controls describe."""
+        return {
+            "model.quantize": self.quantize.value,
+            "train.loss_chunk_tokens": self.loss_chunk.value,
+            "model.attention": self.attention.value,
+        }
 
 
-__all__ = ["LOSS_CHUNK_TOKENS", "QUANTIZE_LABELS", "MemorySavingControls"]
+__all__ = ["ATTENTION_LABELS", "LOSS_CHUNK_TOKENS", "QUANTIZE_LABELS", "MemorySavingControls"]

@@ -288,6 +288,21 @@ def loss_chunk_readout(est: Any, setting: int | str) -> str:
     )
 
 
+def attention_readout(est: Any, eager_scores_bytes: int, setting: str) -> str:
+    """The attention kernel the step runs and what its scores hold against eager's, which saves
+    every layer's ``T x T`` scores (`eager_scores_bytes`)."""
+    kernel = html.escape(est.attention)
+    why = " (auto)" if setting == "auto" else ""
+    if est.attention == "eager":
+        return f"Attention <b>eager</b>{why}: scores <b>{format_bytes(est.scores_bytes)}</b> saved for the backward pass"
+    held = (
+        f"one query block's scores, <b class='wb-scores-value'>{format_bytes(est.scores_bytes)}</b>,"
+        if est.scores_bytes
+        else "no scores"
+    )
+    return f"Attention <b>{kernel}</b>{why}: {held} instead of {format_bytes(eager_scores_bytes)} (eager)"
+
+
 def _count(n: int) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
@@ -319,6 +334,7 @@ __all__ = [
     "BREAKDOWN_COLORS",
     "FULL_MARGIN",
     "ZOOM_FILL",
+    "attention_readout",
     "bucket_readout",
     "draw_bucket_plan",
     "draw_memory",

@@ -1,8 +1,8 @@
 """A live panel for tuning a `WorkbenchConfig` with its memory and bucketing consequences in view.
 
 Controls: model size, batch size, sequence length, gradient accumulation, optimizer, precision,
-gradient checkpointing, LoRA rank (0 = full fine-tuning), a quantized base and the loss chunk
-(`widgets.config_controls`), mesh axes (only the factorisations of the target's device count are
+gradient checkpointing, LoRA rank (0 = full fine-tuning), a quantized base, the loss chunk and the
+attention kernel (`widgets.config_controls`), mesh axes (only the factorisations of the target's device count are
 offered), bucket count, and the target hardware (the detected one or a named slice such as
 v5e-8). Every change redraws, live:
 
@@ -10,7 +10,8 @@ v5e-8). Every change redraws, live:
   its breakdown against the target's memory per device, with a fits / does-not-fit sign;
 - the largest global batch that fits (`workbench.analysis.batch.max_batch_size`);
 - the parameters that train (all of them, or the LoRA adapters), the base's weights (and what
-  int8/int4 saves) and the logits (and what chunking the loss saves);
+  int8/int4 saves), the logits (and what chunking the loss saves) and the attention scores (what
+  the kernel 'auto' picks for the target holds against eager's);
 - the length histogram of the data with the planned bucket boundaries
   (`workbench.data.buckets.plan_buckets`, or `choose_buckets` when the count is 'auto') and their
   padding efficiency;
@@ -49,16 +50,14 @@ from widgets.config_figures import (
     estimate_readout,
     fits_readout,
     largest_batch_readout,
-    loss_chunk_readout,
     new_length_figure,
     new_memory_figure,
-    quantize_readout,
     trainable_readout,
     yaml_readout,
 )
 from workbench.analysis.batch import max_batch_size
 from workbench.analysis.estimate import estimate as estimate_memory
-from workbench.analysis.estimate import preference_reference
+from workbench.analysis.estimate import estimate_attention, preference_reference
 from workbench.backend.hardware import HardwareInfo
 from workbench.backend.targets import TARGETS, Target, mesh_factorisations, resolve_target, training_devices
 from workbench.config import ConfigError, TrainConfig, WorkbenchConfig
@@ -254,8 +253,7 @@ class ConfigPanel:
         self.fits_html = ipw.HTML().add_class("wb-fits")
         self.max_batch_html = ipw.HTML().add_class("wb-max-batch")
         self.trainable_html = ipw.HTML().add_class("wb-trainable")
-        self.quantize_html = ipw.HTML().add_class("wb-quantize-saving")
-        self.loss_chunk_html = ipw.HTML().add_class("wb-loss-chunk-saving")
+        self.quantize_html, self.loss_chunk_html, self.attention_html = self.memory_saving.readouts
         self.buckets_html = ipw.HTML().add_class("wb-bucket-efficiency")
         self.tradeoff_html = ipw.HTML().add_class("wb-bucket-tradeoff")
         self.error_html = ipw.HTML().add_class("wb-error")
@@ -352,6 +350,9 @@ class ConfigPanel:
             quantize=cfg.model.quantize,
             loss_chunk_tokens=cfg.train.loss_chunk_tokens,
             preference=preference_reference(cfg),
+            attention=estimate_attention(
+                cfg.model.attention, self.target, seq_len=cfg.data.max_length, model_config=cfg.model
+            ),
         )
 
     def _bucket_plan(self, cfg: WorkbenchConfig) -> tuple[Any, Any]:
@@ -469,8 +470,7 @@ class ConfigPanel:
         self.fits_html.value = fits_readout(fits)
         self.max_batch_html.value = largest_batch_readout(largest)
         self.trainable_html.value = trainable_readout(est)
-        self.quantize_html.value = quantize_readout(est)
-        self.loss_chunk_html.value = loss_chunk_readout(est, cfg.train.loss_chunk_tokens)
+        self.memory_saving.draw(est, cfg)
         self.error_html.value = error_readout(None)
         self.yaml_html.value = yaml_readout(cfg.to_yaml())
         draw_memory(self.memory_figure, est, limit, self.headroom)
@@ -516,8 +516,7 @@ class ConfigPanel:
                     self.fits_html,
                     self.max_batch_html,
                     self.trainable_html,
-                    self.quantize_html,
-                    self.loss_chunk_html,
+                    *self.memory_saving.readouts,
                     self.buckets_html,
                     self.tradeoff_html,
                     self.error_html,
@@ -555,6 +554,7 @@ class ConfigPanel:
             "lora_rank": self.lora_rank,
             "quantize": self.memory_saving.quantize,
             "loss_chunk_tokens": self.memory_saving.loss_chunk,
+            "attention": self.memory_saving.attention,
             "mesh": self.mesh,
             "buckets": self.buckets,
             "buckets_auto": self.auto_buckets.auto,

@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat", action="store_true", help="wrap each prompt as a user turn (the chat template)"
     )
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument(
+        "--attention",
+        default="auto",
+        choices=["auto", "eager", "sdpa", "flash", "chunked"],
+        help="attention kernel, as model.attention ('auto': for the device and the longest row)",
+    )
     gen.add_argument("--device-type", default="auto", choices=["auto", "tpu", "cuda", "xla", "cpu"])
     add_eval_arguments(
         sub.add_parser(
@@ -141,24 +147,40 @@ def _info(hw: Any, *, as_json: bool) -> str:
 
 def _generate(args: argparse.Namespace) -> int:
     """Load the model directory, sample on the detected device, print each prompt's text."""
+    import functools
+
     import torch
 
     from workbench.backend import runtime
     from workbench.backend.hardware import detect
     from workbench.data.records import chat_token_ids
     from workbench.generate import generate
+    from workbench.models.attention_choice import choose_attention, use_attention
     from workbench.train.start import load_for_inference
 
     try:
         model, tokenizer = load_for_inference(args.model, base=args.base)
         hw = detect(args.device_type)
-        model.to(runtime.device() if hw.via_xla else torch.device(hw.backend))
         prompts: list[Any] = list(args.prompts)
         if args.chat:  # as the model saw chat records in training: a user turn, then the assistant's prompt
             prompts = [
                 chat_token_ids(tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
                 for p in prompts
             ]
+        longest = max(
+            (len(p) if isinstance(p, list) else len(tokenizer(p)["input_ids"]) for p in prompts), default=0
+        )
+        to_stderr = functools.partial(print, file=sys.stderr)
+        kernel = choose_attention(
+            args.attention,
+            hw,
+            seq_len=longest + args.max_new_tokens,
+            notice=to_stderr,
+            model=model,
+            field="--attention",
+        )
+        use_attention(model, kernel)
+        model.to(runtime.device() if hw.via_xla else torch.device(hw.backend))
         result = generate(
             model,
             prompts,

@@ -59,6 +59,8 @@ class ModelConfig:
     """On XLA, compile the decoder stack as one scanned layer over stacked weights (compile time flat in depth): 'auto' scans when the family allows it and the stack is deep enough to pay off (one notice says which and why); true insists (an error when the layers cannot be scanned); false keeps it unrolled."""
     quantize: Literal["none", "int8", "int4"] = "none"
     """Frozen base weights as integers under LoRA: 'int8' (per output channel) or 'int4' (blockwise, two per byte); 'none' keeps them in the training precision."""
+    attention: Literal["auto", "eager", "sdpa", "flash", "chunked"] = "auto"
+    """Attention kernel (`workbench.models.attention`): 'chunked' (any XLA device: query blocks, never the whole T x T scores), 'flash' (TPU: Pallas flash attention), 'sdpa' (torch's fused kernels, for CUDA), 'eager' (transformers' reference); 'auto' picks flash on TPU, chunked on other XLA devices for long rows, sdpa on CUDA, eager elsewhere, and says which."""
 
 
 COLUMN_KEYS = (

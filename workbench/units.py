@@ -80,6 +80,13 @@ def duration_with_unit(value: object) -> float | None:
     return seconds if seconds is not None and seconds > 0 else None
 
 
+def format_step_time(seconds: float) -> str:
+    """``12.5 µs``, ``3.250 ms``, ``1.25 s``: a step's (or a collective's) time in the unit that reads best."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e3:.3f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
 def format_duration(seconds: float) -> str:
     """``2h05m``, ``4m10s``, ``12.3s``: the largest two units, to the second."""
     if seconds < 0:

@@ -82,7 +82,10 @@ from workbench.units import GiB, format_bytes
 Precision = Literal["fp32", "bf16-mixed", "bf16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "bf16")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "sgd")
-ATTENTIONS: tuple[str, ...] = ("eager", "flash")
+ATTENTIONS: tuple[str, ...] = ("eager", "sdpa", "flash", "chunked")
+CHUNKED_BLOCK_COPIES = 3
+"""Score-sized fp32 tensors of one query block live at once under chunked attention (scores,
+probabilities and, in the backward pass, their gradient)."""
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "params",
     "grads",
@@ -242,6 +245,11 @@ class MemoryEstimate:
     None: the whole batch's logits at once."""
     preference: str | None = None
     """A DPO step's reference (`PREFERENCE_REFERENCES`): each of the batch's pairs is two rows; None: SFT."""
+    scores_bytes: int = 0
+    """Of the activations, the attention scores: every layer's under 'eager' (one layer's when
+    checkpointed), one query block's under 'chunked', none under 'flash'/'sdpa'."""
+    eager_scores_bytes: int = 0
+    """What the scores would hold under 'eager', for comparison."""
 
     def fits(self, memory_bytes: int | None, headroom: float = 0.1) -> bool:
         """True when the estimate stays under `memory_bytes` less a `headroom` fraction (XLA's own
@@ -288,7 +296,8 @@ def activation_elements_per_token(
     shape: ModelShape, seq_len: int, *, gradient_checkpointing: bool = False, model_parallel: int = 1
 ) -> dict[str, float]:
     """Elements saved per token for the backward pass: ``{"layer": one layer, "all_layers": all,
-    "fp32_part": of those, the norm tensors HF keeps in fp32, "scores": attention probabilities}``."""
+    "fp32_part": of those, the norm tensors HF keeps in fp32, "scores": attention probabilities saved,
+    "attention_transient": fp32 attention temporaries of one layer, not saved}`` (`attention_transient_elements_per_token`)."""
     H, inner, mp = shape.hidden, shape.heads * shape.head_dim, model_parallel
     norms = 2 * shape.norms_per_layer * H  # each norm's input + normalised output
     qkvo = 4 * inner / mp
@@ -310,7 +319,44 @@ def activation_elements_per_token(
         "all_layers": all_layers + final,
         "fp32_part": fp32_norms + 2 * H,
         "scores": n_scores,
+        "attention_transient": attention_transient_elements_per_token(shape, seq_len, model_parallel=mp),
     }
+
+
+def estimate_attention(setting: str, target: Any, *, seq_len: int, model_config: Any = None) -> str:
+    """The kernel ``model.attention=setting`` runs on `target` (a `workbench.backend.targets.Target`)
+    for rows of `seq_len` tokens and the model of `model_config` (its logit softcap and attention
+    dropout): the one the estimate should price. A TPU chip (v2 ... v6e) runs flash; a GPU, sdpa; the
+    CPU is planned as XLA:CPU (the workbench's CPU device under ``PJRT_DEVICE=CPU``)."""
+    from workbench.models.attention_choice import has_attention_dropout, has_softcap, resolve_attention
+
+    tpu = target.chip[:1] == "v" and target.chip[1:2].isdigit()
+    device_type = "xla" if tpu or target.chip == "cpu" else "cuda"
+    return resolve_attention(
+        setting,
+        device_type=device_type,
+        is_tpu=tpu,
+        seq_len=seq_len,
+        softcap=has_softcap(model_config),
+        dropout=has_attention_dropout(model_config),
+    )[0]
+
+
+def attention_transient_elements_per_token(
+    shape: ModelShape, seq_len: int, *, model_parallel: int = 1
+) -> float:
+    """fp32 elements per token of the attention temporaries one layer holds and frees (its backward
+    pass's peak), on top of what is saved: under 'eager' the gradients of one layer's probabilities and
+    scores (``2 x heads x T``) and transformers' ``[rows, 1, T, T]`` additive mask (``T``); under
+    'chunked' `CHUNKED_BLOCK_COPIES` copies of one query block's scores (``heads x block``, the block
+    from `workbench.models.attention.query_chunk`); none under the fused kernels."""
+    from workbench.models.attention import query_chunk
+
+    if shape.attention == "eager":
+        return 2 * shape.heads * seq_len / model_parallel + seq_len
+    if shape.attention == "chunked":
+        return CHUNKED_BLOCK_COPIES * shape.heads * query_chunk(seq_len) / model_parallel
+    return 0.0
 
 
 def estimate(
@@ -336,7 +382,8 @@ def estimate(
     `model_config`: a `transformers` config or model (Llama, Qwen2, Mistral, Gemma, GPT-2) or a
     workbench `ModelConfig`. `batch_size`: the global micro-batch, split over the mesh's
     data x fsdp axes. `mesh`: a resolved `MeshSpec` (or a dict of axis sizes); None is one device.
-    `attention`: 'eager' (scores materialised) or 'flash'; default: what the config says.
+    `attention` (`ATTENTIONS`): 'eager' saves every layer's scores; 'chunked' holds one query block's
+    (`attention_transient_elements_per_token`); 'flash' and 'sdpa' none; default: what the config says.
     `lora_rank` > 0: LoRA fine-tuning (`workbench.train.lora`) of `lora_targets` (see
     `lora_adapter_shapes`): the frozen base weights have no gradients and no optimizer state;
     the adapters (fp32, as peft keeps them, replicated on every device) have weights, gradients
@@ -451,14 +498,25 @@ def estimate(
     # HF computes the softmax in fp32 and casts back: fp32 probs (for softmax's backward) plus
     # the cast copy (for the value matmul) when compute is narrower than fp32
     score_bytes = 4 + (nbytes.compute if nbytes.compute < 4 else 0)
+    # A layer's attention temporaries live inside its backward pass, after the loss's logits are
+    # freed: the peak holds the larger of the two (measured on XLA:CPU at 2048 and 4096 tokens,
+    # tests/xla/attention_estimate.py), so only their excess over the logits term is added
+    logits = logits_bytes(rows=rows, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp)
+    transient = math.ceil(tokens * act["attention_transient"] * 4)
+    scores_bytes = math.ceil(tokens * scores * score_bytes) + transient
+    eager = ModelShape(**{**shape.__dict__, "attention": "eager"})
+    eager_act = activation_elements_per_token(
+        eager, seq_len, gradient_checkpointing=gradient_checkpointing, model_parallel=mp
+    )
+    eager_scores_bytes = math.ceil(
+        tokens * (eager_act["scores"] * score_bytes + eager_act["attention_transient"] * 4)
+    )
     breakdown["activations"] = math.ceil(
         tokens * (rest * nbytes.compute + fp32_part * 4 + scores * score_bytes)
-    )
+    ) + max(0, transient - logits)
     # logits and log-softmax in fp32 plus their gradients (vocab-parallel under a model axis), for
     # the whole batch or, chunked, one chunk of positions of every row
-    breakdown["logits"] = logits_bytes(
-        rows=rows, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp
-    )
+    breakdown["logits"] = logits
     if preference == "copy":  # the frozen reference: the starting weights again, as the policy holds them
         breakdown["reference"] = math.ceil((plain * nbytes.param + q_bytes) / shard)
     breakdown["inputs"] = tokens * 2 * 8  # input_ids and labels, int64
@@ -482,6 +540,8 @@ def estimate(
         unquantized_weight_bytes=math.ceil(n * nbytes.param / shard),
         loss_chunk_positions=chunk,
         preference=preference,
+        scores_bytes=scores_bytes,
+        eager_scores_bytes=eager_scores_bytes,
     )
 
 

@@ -112,6 +112,7 @@ def compiled_step_memory(
     precision: str = "fp32",
     steps: int = 2,
     seed: int = 0,
+    attention: str = "eager",
 ) -> CompiledStepMemory:
     """Build the model of `cfg` (a workbench `ModelConfig`), run `steps` real training steps on the
     XLA device and return the compiler's analysis of the largest compiled step program.
@@ -120,10 +121,12 @@ def compiled_step_memory(
     `fsdp` > 1 needs SPMD on (``runtime.use_spmd()`` before any XLA tensor) and shards every
     parameter's first dimension and the batch over an ``("fsdp",)`` mesh of that many devices.
     Precision is XLA:CPU's native fp32 unless `precision='bf16'` (weights cast to bf16).
+    `attention` is the kernel the model runs (`workbench.models.attention.use_attention`).
     """
     import torch
 
     from workbench.backend import compile_log, runtime
+    from workbench.models.attention_choice import use_attention
     from workbench.models.build import build_model, enable_gradient_checkpointing
     from workbench.models.inputs import model_inputs
 
@@ -134,6 +137,7 @@ def compiled_step_memory(
     before = len(compile_log.compiled_memory_records())
     dev = runtime.device()
     model = build_model(cfg, seed=seed)
+    use_attention(model, attention)
     if precision == "bf16":
         model = model.to(torch.bfloat16)
     elif precision != "fp32":

@@ -7,7 +7,10 @@ touches only host-side counters (torch_xla's metrics, a clock), never a device t
 forces no device sync; at the log interval it reads the loss once (one device->host transfer).
 It keeps the history (JSON/CSV export) and turns what it saw into `Advice`: recompilation
 after warm-up, a device->host transfer every step, low MFU, memory near the limit, steps
-waiting on input.
+waiting on input, and on a mesh of several devices the communication of a step: its collectives
+predicted once from shapes (`run_communication`: `workbench.analysis.comm_model`, no compile, no
+device read), in bytes per device and, on a chip with a published interconnect bandwidth, time and
+share of the step (`workbench.analysis.communication.communication_advice`).
 
 Each recompilation is explained (`workbench.analysis.recompiles`): the step's input signature
 (`step(..., inputs=batch)`: shapes and dtypes from tensor metadata, never the device) is
@@ -22,17 +25,22 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.analysis.communication import CommunicationReport, communication_advice
 from workbench.analysis.flops import mfu
 from workbench.analysis.metrics import INTERVAL_KEYS, PREFERENCE_KEYS, IntervalMetrics, perplexity
 from workbench.analysis.recompiles import RecompileTracker, input_signatures
 from workbench.backend import compile_log, runtime
+from workbench.backend.hardware import CHIPS
+from workbench.backend.targets import resolve_target
+from workbench.units import format_bytes
 
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo
@@ -46,7 +54,7 @@ class Advice:
     """One finding from the profile, with what to do about it."""
 
     kind: str
-    """recompilation | host_transfer | low_mfu | memory_near_limit | input_bound"""
+    """recompilation | host_transfer | low_mfu | memory_near_limit | input_bound | communication"""
     message: str
     evidence: dict[str, Any] = field(default_factory=dict)
 
@@ -78,6 +86,8 @@ class StepProfiler:
     time is the device's, not the host's.
     `stat_names`: the metrics keys of the objective's own figures (a DPO run's `STAT_NAMES`), in the
     order of the 1-D tensor `step` takes as ``stats``; the eval's come as ``eval_loss.stats``.
+    `communication`: the run's step collectives (`run_communication`), or a function returning them,
+    called once at the first `advice()`; on a mesh of several devices the advice says what they cost.
     """
 
     low_mfu_threshold = 0.2
@@ -96,6 +106,7 @@ class StepProfiler:
         warmup_steps: int = 3,
         sync_at_log: bool = True,
         stat_names: Sequence[str] = (),
+        communication: CommunicationReport | Callable[[], CommunicationReport | None] | None = None,
     ) -> None:
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise ValueError(f"log_every={log_every!r} is not allowed: an int >= 1")
@@ -110,6 +121,8 @@ class StepProfiler:
         self.warmup_steps = warmup_steps
         self.sync_at_log = sync_at_log
         self.stat_names = tuple(stat_names)
+        self._communication = communication
+        self._communication_advice: list[Advice] | None = None
         self.history: list[dict[str, Any]] = []
         self._xla = hw.via_xla if hw is not None else runtime.xla_imported()
         self._cuda = hw is not None and hw.backend == "cuda" and not hw.via_xla
@@ -388,7 +401,15 @@ class StepProfiler:
                     {"fraction": worst["input_wait_fraction"], "intervals": [m["step"] for m in waiting]},
                 )
             )
-        return found
+        return found + self.communication_advice()
+
+    def communication_advice(self) -> list[Advice]:
+        """The 'communication' advice (one, or none off a mesh), worked out at the first call from shapes."""
+        if self._communication_advice is None:
+            source = self._communication
+            report = source() if callable(source) else source
+            self._communication_advice = [] if report is None else communication_finding(report, self.hw)
+        return self._communication_advice
 
     def _memory_pressure(self) -> tuple[int, int, str] | None:
         """(used, limit, source) when the newest interval's memory is near the limit, else None.
@@ -437,6 +458,107 @@ class StepProfiler:
             for row in self.history:
                 writer.writerow({k: _csv_cell(row.get(k)) for k in columns})
         return path
+
+
+# ---- communication --------------------------------------------------------------------
+
+
+def run_communication(model_config: Any, cfg: Any, mesh: Any) -> Callable[[], CommunicationReport] | None:
+    """`StepProfiler(communication=...)` for a run: None off a mesh of several devices, else a function
+    predicting (once, at the first advice) one step's collectives of `model_config` trained as `cfg` (a
+    `WorkbenchConfig`: batch_size x max_length, grad_accum, precision, LoRA rank) on `mesh` (a `MeshSpec`
+    or axis sizes). A model the shape reader does not know gives a report with a note instead."""
+    sizes = dict(getattr(mesh, "axis_sizes", mesh) or {})
+    if math.prod(sizes.values() or [1]) <= 1:
+        return None
+    slices, dcn_axis = getattr(mesh, "num_slices", 1), getattr(mesh, "dcn_axis", "data")
+
+    def predict() -> CommunicationReport:
+        from workbench.analysis.comm_model import predict_communication
+
+        try:
+            report = predict_communication(
+                model_config,
+                sizes,
+                batch_size=cfg.train.batch_size,
+                seq_len=cfg.data.max_length,
+                lora_rank=cfg.lora.rank,
+                grad_accum=cfg.train.grad_accum,
+                precision=cfg.train.precision,
+                scan=cfg.model.scan_layers is True,
+            )
+        except Exception as err:  # advice only: a model it cannot read never stops a run
+            return CommunicationReport([], sizes, "model", notes=[f"not predicted from shapes: {err}"])
+        report.num_slices, report.dcn_axis = slices, dcn_axis  # a multi-slice run's DCN axis
+        return report
+
+    return predict
+
+
+def communication_finding(report: CommunicationReport, hw: HardwareInfo | None) -> list[Advice]:
+    """One 'communication' `Advice` for `report` on `hw`: bytes each device sends per step and axis,
+    `communication_advice`'s sentences, and time and share where the chip's bandwidth is published.
+    On XLA:CPU the gradients' reduce-scatters are spelled as that compiler runs them (an all-reduce
+    of the whole tensor, then a slice), so the advice names what a reduce-scatter saves."""
+    sizes = {a: s for a, s in report.axis_sizes.items() if s > 1}
+    if math.prod(sizes.values() or [1]) <= 1:
+        return []
+    mesh = " x ".join(f"{a}={s}" for a, s in sizes.items())
+    if not report.collectives:
+        note = "; ".join(report.notes) or "no collectives"
+        return [Advice("communication", f"communication on mesh {mesh}: {note}", {"mesh": sizes})]
+    xla_cpu = hw is not None and hw.via_xla and hw.backend == "cpu"
+    if xla_cpu and report.source == "model":
+        report = _as_xla_cpu_compiles(report)
+    target = _priced_target(hw, report.num_slices)
+    per_axis = report.per_axis()
+    parts = []
+    for t in per_axis.values():
+        kinds = ", ".join(
+            f"{k} {format_bytes(v)}" for k, v in sorted(t.by_kind.items(), key=lambda kv: -kv[1])
+        )
+        parts.append(f"{t.axes} {format_bytes(t.tpu_wire_bytes)} ({kinds})")
+    how = "predicted from shapes" if report.source == "model" else "read from the compiled step"
+    how += ", as TPU's XLA compiles it" if xla_cpu else ""
+    sentences = [f"each device sends per step on mesh {mesh} ({how}): {'; '.join(parts)}"]
+    sentences += communication_advice(report, target)
+    evidence: dict[str, Any] = {
+        "mesh": sizes,
+        "wire_bytes_per_axis": {k: t.tpu_wire_bytes for k, t in per_axis.items()},
+        "target": None,
+    }
+    if target is None:
+        chip = "an unknown chip" if hw is None else "the CPU" if hw.backend == "cpu" else hw.chip
+        sentences.append(f"no time: {chip} has no published interconnect bandwidth")
+    else:
+        cost = report.price(target)
+        evidence.update(target=cost.target, seconds_per_axis=cost.seconds_per_axis, share=cost.share)
+        if cost.share is not None and cost.share >= 0.25:
+            sentences.append(
+                "a mesh that moves less may train faster: workbench.analysis.mesh_plan.plan_mesh ranks them"
+            )
+    evidence["sentences"] = sentences
+    return [Advice("communication", ". ".join(s[0].upper() + s[1:] for s in sentences) + ".", evidence)]
+
+
+def _as_xla_cpu_compiles(report: CommunicationReport) -> CommunicationReport:
+    """The predicted report as XLA:CPU compiles it: each reduce-scatter an all-reduce + slice, one record
+    per execution (so `communication_advice` counts the tensors)."""
+    collectives = []
+    for c in report.collectives:
+        if c.kind == "reduce-scatter":
+            collectives += [replace(c, kind="all-reduce", scatter_pattern=True, count=1)] * c.count
+        else:
+            collectives.append(c)
+    return replace(report, collectives=collectives, notes=list(report.notes))
+
+
+def _priced_target(hw: HardwareInfo | None, num_slices: int = 1) -> Any:
+    """The run's chip as a target to price on (its slices joined over DCN), or None (unknown, the
+    CPU, no published bandwidth)."""
+    if hw is None or hw.backend == "cpu" or getattr(CHIPS.get(hw.chip), "collective_bandwidth", None) is None:
+        return None
+    return replace(resolve_target(hw), num_slices=num_slices)
 
 
 def _to_float(value: Any) -> float | None:

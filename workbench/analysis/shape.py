@@ -47,7 +47,9 @@ class ModelShape:
     fused_projections: bool = False
     """One qkv_proj and one gate_up_proj instead of q/k/v and gate/up (Phi-3)."""
     attention: str = "eager"
-    """How the model's attention runs: 'eager' materialises the T x T scores; 'flash' does not."""
+    """How the model's attention runs (`workbench.models.attention`): 'eager' materialises and saves the
+    T x T scores; 'chunked' holds one block of queries' scores at a time and saves none; 'flash' and
+    'sdpa' (fused kernels) hold none."""
     num_parameters_override: int | None = None
     """The real model's unique parameter count, when a model (not a config) was given."""
 
@@ -194,8 +196,10 @@ def model_shape(model_config: Any) -> ModelShape:
 
 
 def _attention_of(config: Any) -> str:
-    impl = getattr(config, "_attn_implementation", None) or "eager"
-    return "flash" if "flash" in str(impl) or "splash" in str(impl) else "eager"
+    """The estimate's name for the attention a config runs (its ``_attn_implementation``)."""
+    from workbench.models.attention_choice import kernel_of
+
+    return kernel_of(getattr(config, "_attn_implementation", None))
 
 
 def quantized_matrices(shape: ModelShape) -> list[tuple[str, int, int]]:

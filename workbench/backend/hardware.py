@@ -8,8 +8,9 @@ starts the PJRT client (the XLA runtime); for CUDA it initialises torch's CUDA c
 for plain CPU nothing. Importing this module starts nothing. Results are cached per
 ``device_type``, so a second call is a dictionary look-up.
 
-The chip table (`CHIPS`) holds per-chip HBM, peak dense bf16 FLOP/s and memory
-bandwidth, with sources. Unknown values are None, never a guess.
+The chip table (`CHIPS`) holds per-chip HBM, peak dense bf16 FLOP/s, memory bandwidth and, for
+TPUs, the interconnect: ICI within a slice, DCN between slices (`collective_bandwidth` is what a
+collective is priced at), with sources. Unknown values are None, never a guess.
 """
 
 from __future__ import annotations
@@ -47,6 +48,26 @@ class ChipSpec:
     devices_per_chip: int = 1
     """Runtime devices per chip: 2 on TPU v2/v3 (one per TensorCore), 1 where cores are fused (megacore)."""
     peak_is_fp16: bool = False
+    ici_bandwidth_bytes_per_s: float | None = None
+    """Bidirectional inter-chip interconnect (ICI) bandwidth of one chip, all its links together,
+    as Google publishes it; None where no per-chip figure is published."""
+    allreduce_bandwidth_bytes_per_s: float | None = None
+    """The published "all-reduce bandwidth per Pod" over the pod's chips: what one chip moves in a
+    collective that uses all its links (half of `ici_bandwidth_bytes_per_s` where both are known)."""
+    dcn_bandwidth_bytes_per_s: float | None = None
+    """Data-centre network bandwidth of one chip (between slices); None where unpublished."""
+    ici_ports: int | None = None
+    """ICI links per chip (4 on the 2D-torus v5e/v6e); None where unpublished."""
+
+    @property
+    def collective_bandwidth(self) -> float | None:
+        """Bytes/s one chip sends in a ring collective over ICI: the per-chip all-reduce bandwidth,
+        else one direction of the bidirectional ICI figure; None when neither is published."""
+        if self.allreduce_bandwidth_bytes_per_s is not None:
+            return self.allreduce_bandwidth_bytes_per_s
+        if self.ici_bandwidth_bytes_per_s is not None:
+            return self.ici_bandwidth_bytes_per_s / 2
+        return None
 
 
 # Sources: cloud.google.com/tpu/docs/system-architecture-tpu-vm and the per-version pages
@@ -58,13 +79,47 @@ CHIPS: dict[str, ChipSpec] = {
     # TPU v3: 32 GiB per chip (16 per core), 123 TFLOP/s bf16, 900 GB/s. Two devices per chip.
     "v3": ChipSpec("v3", 32 * GiB, 123 * TFLOPS, 900 * GB, devices_per_chip=2),
     # TPU v4: 32 GiB HBM2, 275 TFLOP/s bf16, 1,200 GB/s; megacore: one device per chip.
-    "v4": ChipSpec("v4", 32 * GiB, 275 * TFLOPS, 1200 * GB),
+    # Interconnect (cloud.google.com/tpu/docs/v4): no per-chip ICI figure is published; "All-reduce
+    # bandwidth per Pod 1.1 PB/s" over the 4,096-chip pod is 268.6 GB/s per chip. DCN: unpublished.
+    "v4": ChipSpec("v4", 32 * GiB, 275 * TFLOPS, 1200 * GB, allreduce_bandwidth_bytes_per_s=1.1e15 / 4096),
     # TPU v5e ("TPU v5 lite"): 16 GiB, 197 TFLOP/s bf16, 819 GB/s.
-    "v5e": ChipSpec("v5e", 16 * GiB, 197 * TFLOPS, 819 * GB),
+    # Interconnect (cloud.google.com/tpu/docs/v5e): bidirectional ICI 400 GB/s per chip, 4 ICI ports,
+    # 2D torus; all-reduce bandwidth per Pod 51.2 TB/s over 256 chips = 200 GB/s per chip; DCN 6.4 Tbps
+    # per Pod over 256 chips = 25 Gbps per chip (the same as its 2 x 100 Gbps NICs per 8-chip host).
+    "v5e": ChipSpec(
+        "v5e",
+        16 * GiB,
+        197 * TFLOPS,
+        819 * GB,
+        ici_bandwidth_bytes_per_s=400 * GB,
+        allreduce_bandwidth_bytes_per_s=51.2e12 / 256,
+        dcn_bandwidth_bytes_per_s=6.4e12 / 8 / 256,
+        ici_ports=4,
+    ),
     # TPU v5p: 95 GiB, 459 TFLOP/s bf16, 2,765 GB/s.
-    "v5p": ChipSpec("v5p", 95 * GiB, 459 * TFLOPS, 2765 * GB),
+    # Interconnect (cloud.google.com/tpu/docs/v5p): bidirectional ICI 1,200 GB/s per chip, 3D torus;
+    # DCN 50 Gbps per chip.
+    "v5p": ChipSpec(
+        "v5p",
+        95 * GiB,
+        459 * TFLOPS,
+        2765 * GB,
+        ici_bandwidth_bytes_per_s=1200 * GB,
+        dcn_bandwidth_bytes_per_s=50e9 / 8,
+    ),
     # TPU v6e (Trillium, "TPU v6 lite"): 32 GiB, 918 TFLOP/s bf16, 1,640 GB/s.
-    "v6e": ChipSpec("v6e", 32 * GiB, 918 * TFLOPS, 1640 * GB),
+    # Interconnect (cloud.google.com/tpu/docs/v6e): bidirectional ICI 800 GB/s per chip, 4 ICI ports,
+    # 2D torus; all-reduce bandwidth per Pod 102.4 TB/s over 256 chips = 400 GB/s per chip. DCN per chip:
+    # unpublished there.
+    "v6e": ChipSpec(
+        "v6e",
+        32 * GiB,
+        918 * TFLOPS,
+        1640 * GB,
+        ici_bandwidth_bytes_per_s=800 * GB,
+        allreduce_bandwidth_bytes_per_s=102.4e12 / 256,
+        ici_ports=4,
+    ),
     # Tesla T4: 16 GB GDDR6, 65 TFLOP/s fp16 tensor (no bf16), 320 GB/s.
     "t4": ChipSpec("t4", 16 * GB, 65 * TFLOPS, 320 * GB, peak_is_fp16=True),
     # Tesla P100 (PCIe 16 GB): 18.7 TFLOP/s fp16 (no bf16, no tensor cores), 732 GB/s.

@@ -298,6 +298,11 @@ def spmd_mesh(device_ids: Sequence[int], shape: Sequence[int], axis_names: Seque
     return _xs().Mesh(np.asarray(device_ids), tuple(shape), tuple(axis_names))
 
 
+def set_global_mesh(mesh: Any) -> None:
+    """Make `mesh` torch_xla's global SPMD mesh, the one its Pallas kernels shard over."""
+    _xs().set_global_mesh(mesh)
+
+
 def hybrid_mesh(ici_shape: Sequence[int], dcn_shape: Sequence[int], axis_names: Sequence[str]) -> Any:
     """A multi-slice mesh: ICI axes inside a slice, DCN axes across slices."""
     return _xs().HybridMesh(

@@ -25,6 +25,10 @@ class Target:
     chip: str
     num_devices: int
     memory_per_device_bytes: int | None
+    topology: str | None = None
+    """The slice's ICI topology in chips (``2x4``, ``2x2x4``) as Google names it; None off TPU."""
+    num_slices: int = 1
+    """Slices joined over the data-centre network (DCN); 1 for one slice, one host or a GPU."""
 
     @property
     def label(self) -> str:
@@ -36,23 +40,25 @@ class Target:
         return f"{self.name} ({self.num_devices} × {mem})"
 
 
-def _named_target(name: str, chip: str, chips: int) -> Target:
+def _named_target(name: str, chip: str, chips: int, topology: str | None = None) -> Target:
     spec = CHIPS[chip]
     devices = chips * spec.devices_per_chip
-    return Target(name, chip, devices, spec.hbm_bytes // spec.devices_per_chip)
+    return Target(name, chip, devices, spec.hbm_bytes // spec.devices_per_chip, topology)
 
 
 # TPU slice names count TensorCores for v2-v4 (v4-8 = 4 megacore chips = 4 devices) and chips
 # for v5e/v6e (v5e-8 = 8 chips). Colab's TPU runtime is one v5e chip, Kaggle's is a v5e-8.
+# Topologies from cloud.google.com/tpu/docs/v4, v5e and v6e (the slice shapes each page lists).
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        _named_target("v5e-1", "v5e", 1),
-        _named_target("v5e-4", "v5e", 4),
-        _named_target("v5e-8", "v5e", 8),
-        _named_target("v6e-1", "v6e", 1),
-        _named_target("v6e-8", "v6e", 8),
-        _named_target("v4-8", "v4", 4),
+        _named_target("v5e-1", "v5e", 1, "1x1"),
+        _named_target("v5e-4", "v5e", 4, "2x2"),
+        _named_target("v5e-8", "v5e", 8, "2x4"),
+        _named_target("v6e-1", "v6e", 1, "1x1"),
+        _named_target("v6e-8", "v6e", 8, "2x4"),
+        _named_target("v4-8", "v4", 4, "2x2x1"),
+        _named_target("v4-32", "v4", 16, "2x2x4"),
         _named_target("T4", "t4", 1),
         _named_target("L4", "l4", 1),
         _named_target("A100-40GB", "a100-40gb", 1),

@@ -11,7 +11,11 @@ transformers 4.x, which never read the device here, builds the same masks from t
 - no mask and no position ids (rows without padding): a 2-D all-ones mask, what transformers
   assumes without one. Eager attention (what `workbench.models.build.build_model` uses)
   never reads a padding mask's values.
-- packed rows (position ids that restart for each sequence, no mask;
+- packed rows under the workbench's chunked or flash attention (`takes_segment_ids`): their
+  ``[B, 1, 1, T]`` int32 segment ids (`workbench.models.attention.segment_ids_from_positions`),
+  which transformers passes through like any 4-D tensor; the attention applies causality and
+  the layer's sliding window itself, so no ``T x T`` mask is ever built.
+- packed rows otherwise (position ids that restart for each sequence, no mask;
   `workbench.data.collate.PackedCollator`): their block-diagonal causal mask
   (`packed_causal_mask`) in the model's dtype, which transformers passes to attention
   unchanged. Only the ``batch x length`` position ids cross to the device, as before.
@@ -44,6 +48,10 @@ def model_inputs(batch: dict[str, Any], model: Any) -> dict[str, Any]:
         return inputs
     if "position_ids" not in inputs:
         inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    elif takes_segment_ids(model):
+        from workbench.models.attention import segment_ids_from_positions
+
+        inputs["attention_mask"] = segment_ids_from_positions(inputs["position_ids"])
     elif not window_shorter_than(model, inputs["position_ids"].shape[-1]):
         dtype = getattr(model, "dtype", None)
         dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
@@ -71,6 +79,15 @@ def packed_causal_mask(position_ids: torch.Tensor, dtype: torch.dtype | None = N
     allowed = (segments[:, :, None] == segments[:, None, :]) & causal
     zero = torch.zeros((), dtype=dtype, device=position_ids.device)
     return torch.where(allowed[:, None], zero, torch.finfo(dtype).min)
+
+
+def takes_segment_ids(model: Any) -> bool:
+    """Whether `model` runs the workbench's chunked or flash attention (`workbench.models.attention`),
+    whose packed rows take ``[B, 1, 1, T]`` segment ids instead of a ``T x T`` mask."""
+    from workbench.models.attention import CHUNKED, FLASH
+
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return implementation in (CHUNKED, FLASH)
 
 
 def window_shorter_than(model: Any, length: int) -> bool:

@@ -73,6 +73,7 @@ def shard_model(
         rules_for(model) if rules is None else rules,
         device_ids=device_grid(mesh, sizes),
         transposed=transposed_weights(model),
+        adjust_for_mesh=rules is None,  # `rules_for_mesh` on the model's own rules, never on a caller's
     )
     report = with_layer_axis(report, {zero: stacked[name] for name, zero in layer_zero.items()})
     by_name = {

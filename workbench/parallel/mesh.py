@@ -175,13 +175,16 @@ class MeshSpec:
         if resolved.num_slices > 1:
             ici, dcn = resolved.hybrid_shapes()
             try:
-                return runtime.hybrid_mesh(ici, dcn, AXES)
+                mesh = runtime.hybrid_mesh(ici, dcn, AXES)
             except (ValueError, AssertionError) as err:
                 raise MeshError(
                     f"cannot build the multi-slice mesh {resolved.describe()} (ICI {ici} x DCN {dcn}): "
                     f"{err}. Multi-slice needs a TPU multi-slice run; use num_slices=1 elsewhere"
                 ) from err
-        return runtime.spmd_mesh(range(resolved.num_devices), resolved.shape, AXES)
+        else:
+            mesh = runtime.spmd_mesh(range(resolved.num_devices), resolved.shape, AXES)
+        runtime.set_global_mesh(mesh)  # the Pallas attention kernels split q, k and v by it
+        return mesh
 
     @classmethod
     def from_config(cls, mesh_cfg: MeshConfig) -> MeshSpec:

@@ -34,6 +34,7 @@ from workbench.parallel.rules import (
     ShardingError,
     ShardingRule,
     as_rules,
+    rules_for_mesh,
 )
 from workbench.units import format_bytes
 
@@ -333,6 +334,7 @@ def plan_sharding(
     device_ids: Sequence[int] | None = None,
     warn_fallback: bool = True,
     transposed: Collection[str] = (),
+    adjust_for_mesh: bool = True,
 ) -> ShardingReport:
     """Decide every parameter's partition spec from the rules (shapes only; nothing runs).
 
@@ -342,11 +344,14 @@ def plan_sharding(
     base weights stored [in, out] (Conv1D, PEFT's ``fan_in_fan_out``), which a square shape
     cannot tell. The notes of a `RuleTable` go into the report. Errors name the parameter, the
     dimension, its size and the mesh axis that does not divide it.
+
+    The rules are taken as the mesh applies them (`workbench.parallel.rules.rules_for_mesh`, where fsdp
+    divides the weights it moves); rules already adjusted, or a caller's (``adjust_for_mesh=False``), as they are.
     """
     sizes = {str(k): int(v) for k, v in axis_sizes.items()}
     notes = list(getattr(rules, "notes", ()))
-    rule_list = as_rules(rules)
     params = [(name, tuple(int(s) for s in shape), dtype) for name, shape, dtype in params]
+    rule_list = _for_mesh(as_rules(rules), sizes, params) if adjust_for_mesh else as_rules(rules)
     scales = {name: shape for name, shape, _dtype in params if _SCALE.match(name)}
     entries: dict[str, ShardEntry] = {}
     for name, shape, dtype in params:
@@ -381,6 +386,24 @@ def plan_sharding(
             stacklevel=3,
         )
     return report
+
+
+def _for_mesh(
+    rule_list: list[ShardingRule],
+    sizes: Mapping[str, int],
+    params: Sequence[tuple[str, tuple[int, ...], Any]],
+) -> list[ShardingRule]:
+    """`rule_list` with `rules_for_mesh`'s rule in front, unless it is there or fsdp cannot split a weight it names."""
+    adjusted = list(rules_for_mesh(rule_list, sizes))
+    added = adjusted[: len(adjusted) - len(rule_list)]
+    if all(rule in rule_list for rule in added):
+        return rule_list
+    fsdp = sizes.get("fsdp", 1)
+    for mesh_rule in added:
+        hits = [shape for name, shape, _ in params if mesh_rule.applies(rule_name(name), len(shape))]
+        if any(len(shape) != 2 or shape[1] % fsdp for shape in hits):
+            return rule_list
+    return adjusted
 
 
 def _entry(

@@ -174,6 +174,39 @@ def rules_for(model_or_type: Any) -> tuple[ShardingRule, ...]:
     )
 
 
+EMBEDDING_WEIGHTS = r"(?:^|\.)(?:embed_tokens|wte|word_embeddings|embed_in|lm_head|embed_out)\.weight$"
+"""The input embedding and LM head ([vocab, hidden]) by their usual names."""
+
+
+def rules_for_mesh(rules: Iterable[Any], axis_sizes: Mapping[str, int]) -> RuleTable:
+    """`rules` as a mesh of `axis_sizes` should apply them: on a mesh with both a ``data`` and an
+    ``fsdp`` axis and no ``model`` axis, the input embedding and LM head go over ``fsdp`` on their
+    hidden dimension rather than their vocabulary.
+
+    Why: split over ``fsdp`` on the vocabulary (the largest dimension, FSDP's default) and
+    replicated over ``data``, the LM head gives logits split by vocabulary over fsdp only, while
+    the loss's one-hot label mask is split by rows over data x fsdp; GSPMD cannot reshard between
+    the two and gathers the whole ``[tokens, vocab]`` mask and index tensors onto every device
+    (its "Involuntary full rematerialization" warning). Measured on 8 XLA:CPU devices, tiny Llama,
+    8 x 32 tokens: data(2) x fsdp(4) moved 3.17 MB per device per step, 1.28 MB with this rule
+    (vocabulary 512); 33.7 MB and 8.3 MB with a vocabulary of 8192. Without a data axis the
+    vocabulary split is kept: there the logits and the mask reshard by an all-to-all, and the LM head
+    runs vocabulary-parallel with no gradient reduction at all (1.5 MB against 8.5 MB at 8192).
+    """
+    table = list(as_rules(rules))
+    notes = tuple(getattr(rules, "notes", ()))
+    sizes = {str(k): int(v) for k, v in axis_sizes.items()}
+    if sizes.get("data", 1) > 1 and sizes.get("fsdp", 1) > 1 and sizes.get("model", 1) == 1:
+        embedding = rule(
+            EMBEDDING_WEIGHTS,
+            (None, "fsdp"),
+            "embedding/LM head: fsdp on hidden (data x fsdp mesh: keeps the loss's label mask from being gathered whole)",
+            ndim=2,
+        )
+        table = [embedding, *table]
+    return RuleTable(table, notes)
+
+
 def _model_type(model: Any) -> str | None:
     config = getattr(model, "config", None)
     if config is None and hasattr(model, "get_base_model"):  # PEFT wrappers

@@ -34,12 +34,13 @@ import torch
 
 from workbench.analysis.flops import training_flops_per_token
 from workbench.analysis.metrics import IntervalMetrics, RunMetrics, perplexity
-from workbench.analysis.profiler import StepProfiler
+from workbench.analysis.profiler import StepProfiler, run_communication
 from workbench.backend import compile_log, runtime
 from workbench.backend.compile_cache import enable_compile_cache
 from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
+from workbench.models.attention_choice import choose_attention, use_attention
 from workbench.models.build import enable_gradient_checkpointing, no_kv_cache
 from workbench.models.scan import choose_scan, install_scan, scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
@@ -140,7 +141,7 @@ class Trainer:
             xla=self.xla,
             batch_sharding=batch_sharding(self.mesh) if self.mesh is not None else None,
         )
-        self.model = run_model(cfg, model, self.tokenizer, xla=self.xla, notice=self._notice)
+        self.model = run_model(cfg, model, self.tokenizer, hw=self.hw, notice=self._notice)
         self.reference = prepare_reference(cfg, self.model, self._notice)  # DPO: read before placing
         self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher = teacher
@@ -432,14 +433,20 @@ def run_model(
     model: torch.nn.Module | None,
     tokenizer: Any,
     *,
-    xla: bool,
+    hw: HardwareInfo,
     notice: Callable[[str], None],
 ) -> torch.nn.Module:
     """The run's model on the host: the one handed in, or built or loaded from ``model.pretrained_path``
-    (any model directory: `workbench.train.start`), prepared (`prepare_model`), with the adapters it
+    (any model directory: `workbench.train.start`), prepared (`prepare_model`) with the attention kernel
+    ``model.attention`` resolves to on `hw` for rows of ``data.max_length``, with the adapters it
     continues copied in."""
     start = StartingModel(model) if model is not None else starting_model(cfg, tokenizer, notice)
-    prepared = prepare_model(start.model, cfg.train, cfg.model, xla=xla, lora=cfg.lora, notice=notice)
+    kernel = choose_attention(
+        cfg.model.attention, hw, seq_len=cfg.data.max_length, notice=notice, model=start.model
+    )
+    prepared = prepare_model(
+        start.model, cfg.train, cfg.model, xla=hw.via_xla, lora=cfg.lora, notice=notice, attention=kernel
+    )
     start.carry_into(prepared)
     return prepared
 
@@ -452,6 +459,7 @@ def prepare_model(
     xla: bool,
     lora: Any = None,
     notice: Callable[[str], None] | None = None,
+    attention: str | None = None,
 ) -> torch.nn.Module:
     """Precision (fp32 weights for a full fine-tune under 'fp32'/'bf16-mixed', whatever the checkpoint's
     dtype; bf16 under 'bf16'), no KV cache (training never decodes), gradient checkpointing: as `train` says; then,
@@ -461,7 +469,8 @@ def prepare_model(
     with ``model_cfg.scan_layers`` on XLA (true, or 'auto' where it pays off: `choose_scan`, whose
     notice `notice` hears), the decoder stack scanned over stacked weights (`workbench.models.scan`;
     true is checked on every backend, a no-op off XLA), whose rematerialisation is the gradient
-    checkpointing. Runs on the host, before the model is placed on its device or mesh."""
+    checkpointing; `attention` ('eager', 'sdpa', 'flash', 'chunked': `workbench.models.attention`) sets the
+    attention kernel (None keeps the model's). Runs on the host, before the model is placed on its device or mesh."""
     quantize = model_cfg.quantize
     if train.precision == "bf16":
         model.to(torch.bfloat16)
@@ -471,6 +480,8 @@ def prepare_model(
         # keeps the checkpoint's dtype (the adapters are fp32 either way).
         model.to(torch.float32)
     no_kv_cache(model)  # a model handed in did not come through build_model
+    if attention is not None:  # before LoRA and scan, which wrap the attention modules as they are
+        use_attention(model, attention)
     if quantize != "none":  # before LoRA, so the adapters wrap the quantized layers
         from workbench.models.quantize import quantize_model
 
@@ -556,6 +567,7 @@ def make_profiler(trainer: Trainer, *, prewarmed: bool) -> StepProfiler:
         # after a prewarm every compile is a recompilation; without one, the first steps compile
         warmup_steps=0 if prewarmed else 3,
         stat_names=trainer.engine.stat_names,
+        communication=run_communication(trainer.model.config, trainer.cfg, trainer.mesh_spec),
     )
 
 
