@@ -24,35 +24,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.real_shapes import real_config
 from workbench.analysis.comm_model import predict_communication
 from workbench.analysis.communication import communication_advice
 from workbench.analysis.mesh_plan import plan_mesh
 from workbench.backend.targets import mesh_factorisations
-from workbench.config import ModelConfig
-from workbench.train.step_hlo import TINY_RUN, capture_step_communication
+from workbench.train.step_hlo import TINY_RUN, capture_step_communication, tiny_run_model
 
-TINY = ModelConfig(
-    vocab_size=TINY_RUN["model.vocab_size"],
-    hidden_size=TINY_RUN["model.hidden_size"],
-    intermediate_size=TINY_RUN["model.intermediate_size"],
-    num_heads=TINY_RUN["model.num_heads"],
-    num_kv_heads=TINY_RUN["model.num_kv_heads"],
-    num_layers=TINY_RUN["model.num_layers"],
-)
+TINY = tiny_run_model()
 
 
 def qwen_0_5b():
-    import transformers as tf
-
-    return tf.Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
+    return real_config("qwen2.5-0.5b")
 
 
 def compare_meshes() -> list[dict]:

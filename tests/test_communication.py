@@ -18,9 +18,9 @@ from workbench.analysis.hlo_collectives import (
 from workbench.analysis.mesh_plan import plan_mesh
 from workbench.backend.hardware import CHIPS
 from workbench.backend.targets import TARGETS, mesh_factorisations
-from workbench.config import ModelConfig
 from workbench.parallel.plan import plan_sharding
 from workbench.parallel.rules import rules_for, rules_for_mesh
+from workbench.train.step_hlo import tiny_run_model
 
 SIZES = {"data": 2, "fsdp": 4, "model": 1}
 
@@ -151,9 +151,7 @@ def test_chip_table_interconnect_is_published_or_unknown():
     assert TARGETS["v4-32"].num_devices == 16 and TARGETS["v4-32"].topology == "2x2x4"
 
 
-TINY = ModelConfig(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_heads=8, num_kv_heads=8, num_layers=2
-)
+TINY = tiny_run_model()
 
 
 def test_mixed_data_fsdp_mesh_splits_the_embedding_by_hidden():
@@ -212,17 +210,9 @@ def test_model_errors_name_the_field():
 
 
 def test_plan_mesh_ranks_every_shape_of_a_v4_32():
-    import transformers as tf
+    from bench.real_shapes import real_config
 
-    qwen = tf.Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
+    qwen = real_config("qwen2.5-0.5b")
     plan = plan_mesh(qwen, "v4-32", 2048, 32, lora_rank=16)
     assert len(plan.options) == len(mesh_factorisations(16))
     best = plan.best

@@ -25,17 +25,9 @@ from tests.xla import run  # noqa: E402  (the dump flags first: XLA reads them o
 from workbench.analysis.comm_model import predict_communication  # noqa: E402
 from workbench.analysis.communication import CommunicationReport, from_hlo  # noqa: E402
 from workbench.analysis.hlo_collectives import largest_module, optimized_modules  # noqa: E402
-from workbench.config import ModelConfig  # noqa: E402
-from workbench.train.step_hlo import TINY_RUN, _child, capture_step_communication  # noqa: E402
+from workbench.train.step_hlo import TINY_RUN, _child, capture_step_communication, tiny_run_model  # noqa: E402
 
-MODEL = ModelConfig(
-    vocab_size=TINY_RUN["model.vocab_size"],
-    hidden_size=TINY_RUN["model.hidden_size"],
-    intermediate_size=TINY_RUN["model.intermediate_size"],
-    num_heads=TINY_RUN["model.num_heads"],
-    num_kv_heads=TINY_RUN["model.num_kv_heads"],
-    num_layers=TINY_RUN["model.num_layers"],
-)
+MODEL = tiny_run_model()
 
 
 def step_in_process(mesh: dict[str, int], overrides: dict[str, Any]) -> CommunicationReport:

@@ -52,6 +52,15 @@ divides 8 devices on any mesh axis (with fewer key/value heads than the model ax
 splits heads across devices and reshuffles them with irregular groups)."""
 
 
+def tiny_run_model() -> Any:
+    """`TINY_RUN`'s model as a workbench `ModelConfig`: what the analytic model is set beside the capture with."""
+    from workbench.config import WorkbenchConfig
+
+    return (
+        WorkbenchConfig().with_overrides({k: v for k, v in TINY_RUN.items() if k.startswith("model.")}).model
+    )
+
+
 class StepCaptureError(RuntimeError):
     """The training step could not be compiled in the subprocess; the message has its output's end."""
 
