@@ -15,10 +15,14 @@ implementations, per token of one layer (H hidden, h heads of size d, I MLP widt
     4hd               q, k and v after repeat_kv (GQA materialises k and v for every head),
                       and the attention output that feeds o_proj
     hT                the softmax probabilities, when attention is materialised ("eager");
-                      a flash/fused kernel keeps only a per-head log-sum-exp
+                      a flash/fused kernel or chunked attention keeps only a per-head log-sum-exp
     4I (gated MLP)    gate, up, act(gate), act(gate)*up; 2I for a plain MLP (GPT-2)
 
-and the loss keeps 4 vocab-sized fp32 tensors per token (logits, log-softmax and the two
+beside what is saved, one layer's backward pass holds attention temporaries
+(`attention_transient_elements_per_token`: eager's ``2hT`` gradients of the probabilities and scores
+and its ``T``-wide mask, chunked's three copies of one query block's scores), which only add where
+they exceed the loss's logits (freed before the layers' backward passes); and the loss keeps 4
+vocab-sized fp32 tensors per token (logits, log-softmax and the two
 gradients: HF upcasts logits to fp32 for the loss). With checkpointing a layer keeps only
 its input, and one layer at a time is recomputed in the backward pass.
 
