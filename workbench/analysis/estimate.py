@@ -332,17 +332,23 @@ def estimate_attention(setting: str, target: Any, *, seq_len: int, model_config:
     for rows of `seq_len` tokens and the model of `model_config` (its logit softcap and attention
     dropout): the one the estimate should price. A TPU chip (v2 ... v6e) runs flash; a GPU, sdpa; the
     CPU is planned as XLA:CPU (the workbench's CPU device under ``PJRT_DEVICE=CPU``)."""
-    from workbench.models.attention_choice import has_attention_dropout, has_softcap, resolve_attention
+    from workbench.models.attention_choice import (
+        has_attention_dropout,
+        has_softcap,
+        readable_config,
+        resolve_attention,
+    )
 
     tpu = target.chip[:1] == "v" and target.chip[1:2].isdigit()
     device_type = "xla" if tpu or target.chip == "cpu" else "cuda"
+    config = readable_config(model_config)  # read once for both questions
     return resolve_attention(
         setting,
         device_type=device_type,
         is_tpu=tpu,
         seq_len=seq_len,
-        softcap=has_softcap(model_config),
-        dropout=has_attention_dropout(model_config),
+        softcap=has_softcap(config),
+        dropout=has_attention_dropout(config),
     )[0]
 
 

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.models.build import transformers_config_of
 from workbench.models.families import FAMILIES, FAMILY_NAMES
 from workbench.models.quantize import logical_parameter_count
 
@@ -143,20 +144,10 @@ def model_shape(model_config: Any) -> ModelShape:
     entry says where the config keeps the sizes and how the family's blocks are laid out.
     """
     real_params: int | None = None
-    config = model_config
+    config = transformers_config_of(model_config)  # a ModelConfig's checkpoint config is read from disk
     if hasattr(model_config, "parameters") and hasattr(model_config, "config"):  # a model
-        config = model_config.config
         # tied weights once; a quantized layer's weight as out x in, not its packed integers
         real_params = logical_parameter_count(model_config)
-    elif type(model_config).__name__ == "ModelConfig" and hasattr(model_config, "family"):
-        if getattr(model_config, "pretrained_path", None):  # the checkpoint's own config, read from disk
-            import transformers as tf
-
-            config = tf.AutoConfig.from_pretrained(model_config.pretrained_path)
-        else:
-            from workbench.models.build import hf_config
-
-            config = hf_config(model_config)
     family_name = getattr(config, "model_type", None)
     family = FAMILIES.get(family_name) if isinstance(family_name, str) else None
     if family is None:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench.models.attention import CHUNKED, FLASH, QUERY_CHUNK, query_chunk, register_attention
+from workbench.models.build import transformers_config_of
 
 ATTENTION_KERNELS = ("auto", "eager", "sdpa", "flash", "chunked")
 """The values of ``model.attention``."""
@@ -120,13 +121,14 @@ def choose_attention(
 ) -> str:
     """The kernel `resolve_attention` picks on `hw` (a `HardwareInfo`) for `model` (its softcap and
     attention dropout); `notice` hears 'auto''s reason."""
+    config = readable_config(model)  # read once for both questions
     kernel, reason = resolve_attention(
         setting,
         device_type=hw.device_string,
         is_tpu=hw.backend == "tpu",
         seq_len=seq_len,
-        softcap=has_softcap(model),
-        dropout=has_attention_dropout(model),
+        softcap=has_softcap(config),
+        dropout=has_attention_dropout(config),
         field=field,
     )
     if setting == "auto" and notice is not None:
@@ -134,33 +136,25 @@ def choose_attention(
     return kernel
 
 
-def _transformers_config(model_or_config: Any) -> Any:
-    """The transformers config of a model, a transformers config or a workbench `ModelConfig`."""
-    config = getattr(model_or_config, "config", model_or_config)
-    if hasattr(config, "scan_layers") and hasattr(config, "family"):  # a workbench ModelConfig
-        try:
-            if config.pretrained_path:
-                import transformers as tf
-
-                return tf.AutoConfig.from_pretrained(config.pretrained_path)
-            from workbench.models.build import hf_config
-
-            return hf_config(config)
-        except (OSError, ValueError):  # no readable config: nothing known about its attention
-            return None
-    return config
+def readable_config(model_or_config: Any) -> Any:
+    """`transformers_config_of` a model or config, or None where a checkpoint's config cannot be read
+    (nothing is then known about its attention)."""
+    try:
+        return transformers_config_of(model_or_config)
+    except (OSError, ValueError):
+        return None
 
 
 def has_softcap(model_or_config: Any) -> bool:
     """Whether a model (or its config, a workbench `ModelConfig` included) soft-caps attention logits
     (``attn_logit_softcapping``, Gemma 2)."""
-    return bool(getattr(_transformers_config(model_or_config), "attn_logit_softcapping", None))
+    return bool(getattr(readable_config(model_or_config), "attn_logit_softcapping", None))
 
 
 def has_attention_dropout(model_or_config: Any) -> bool:
     """Whether a model (or its config) drops attention weights in training (``attention_dropout``,
     GPT-2's ``attn_pdrop``)."""
-    config = _transformers_config(model_or_config)
+    config = readable_config(model_or_config)
     return any(float(getattr(config, name, 0) or 0) > 0 for name in ("attention_dropout", "attn_pdrop"))
 
 
@@ -208,6 +202,7 @@ __all__ = [
     "has_attention_dropout",
     "has_softcap",
     "kernel_of",
+    "readable_config",
     "resolve_attention",
     "use_attention",
 ]

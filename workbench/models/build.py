@@ -39,6 +39,21 @@ def hf_config(cfg: ModelConfig, vocab_size: int | None = None) -> Any:
     return config_class(**family.config_kwargs(cfg, vocab_size))
 
 
+def transformers_config_of(model_or_config: Any) -> Any:
+    """The `transformers` config of a model (its ``.config``), of a workbench `ModelConfig` (the
+    checkpoint's own config read from ``pretrained_path``, else `hf_config`), or a transformers
+    config itself."""
+    if hasattr(model_or_config, "parameters") and hasattr(model_or_config, "config"):  # a model
+        return model_or_config.config
+    if type(model_or_config).__name__ == "ModelConfig" and hasattr(model_or_config, "family"):
+        if getattr(model_or_config, "pretrained_path", None):
+            import transformers as tf
+
+            return tf.AutoConfig.from_pretrained(model_or_config.pretrained_path)
+        return hf_config(model_or_config)
+    return model_or_config
+
+
 def build_model(
     cfg: ModelConfig,
     *,
