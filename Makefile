@@ -48,6 +48,7 @@ bench: venv browser-deps
 	PJRT_DEVICE=CPU $(PY) bench/compile_log_cost.py
 	PJRT_DEVICE=CPU $(PY) bench/attention.py
 	PJRT_DEVICE=CPU $(PY) bench/communication.py
+	PJRT_DEVICE=CPU $(PY) bench/distributed.py
 	$(PY) bench/frontends.py
 
 clean:

@@ -63,8 +63,8 @@ def run_variant(args: argparse.Namespace, layers: int, *, scan: bool) -> dict:
     from workbench.config import WorkbenchConfig
     from workbench.models.build import build_model
     from workbench.models.inputs import model_inputs
+    from workbench.train.model_setup import prepare_model
     from workbench.train.optim import build_optimizer, init_optimizer_state
-    from workbench.train.trainer import prepare_model
 
     cfg = WorkbenchConfig().with_overrides(
         {

@@ -339,7 +339,7 @@ def test_generate_runs_on_a_quantized_lora_model_as_transformers_does(qlora_run)
 
 def test_scan_accepts_a_quantized_lora_model():
     from workbench.models.scan import check_scannable
-    from workbench.train.trainer import prepare_model
+    from workbench.train.model_setup import prepare_model
 
     cfg = lora_cfg(**{"model.quantize": "int4", "model.scan_layers": True})
     model = prepare_model(tiny(), cfg.train, cfg.model, xla=True, lora=cfg.lora)

@@ -34,7 +34,7 @@ from workbench.models.scan import (
     scanned_layers,
     uninstall_scan,
 )
-from workbench.train.trainer import prepare_model
+from workbench.train.model_setup import prepare_model
 
 LOSS_TOLERANCE = 1e-5
 """Relative: scanned and unrolled fp32 losses agree to this (the issue's figure)."""

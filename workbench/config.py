@@ -199,6 +199,8 @@ class TrainConfig:
     """Write checkpoints on a background thread: the step waits only for the copy to the host (at most one write in flight, atomic either way)."""
     time_limit: float | str | None = None
     """Wall-clock budget from the Trainer's start, in seconds or as '8h30m': the run stops cleanly before it, its last checkpoint complete (re-run to resume); None: no limit."""
+    rank_timeout: float | str = "60s"
+    """Under torchrun: how long the ranks wait for a rank that stops answering before they stop too, naming it."""
     dynamic_batch_every: int = 0
     """Grow the batch every this many steps (0 disables dynamic batch size)."""
     dynamic_batch_factor: float = 2.0
@@ -431,6 +433,12 @@ def _validate(obj: Any, prefix: str) -> None:
             f"{p}time_limit",
             obj.time_limit,
             "must be seconds > 0, a duration such as '8h30m', or null (no limit)",
+        )
+        require(
+            (duration_or_none(obj.rank_timeout) or 0) > 0,
+            f"{p}rank_timeout",
+            obj.rank_timeout,
+            "must be seconds > 0 or a duration such as '90s'",
         )
         require(obj.learning_rate > 0, f"{p}learning_rate", obj.learning_rate, "must be > 0")
         require(0.0 <= obj.min_lr_ratio <= 1.0, f"{p}min_lr_ratio", obj.min_lr_ratio, "must be in [0, 1]")

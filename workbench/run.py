@@ -13,6 +13,10 @@ override, a missing file, hardware that is not there, data or a mesh that does n
 
 With ``train.checkpoint_dir`` set, a second run with the same directory resumes from its latest
 checkpoint (``train.resume``, on by default) and continues to ``train.steps``.
+
+Under torchrun (or ``--nproc N``, which starts it: `workbench.launch`) every rank runs this command;
+only rank 0 prints the header, progress, summary and notices, writes ``--metrics-out`` and the
+model; an error line names the rank it comes from.
 """
 
 from __future__ import annotations
@@ -51,6 +55,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--metrics-out", metavar="FILE", help="write the metrics history and summary as JSON")
     parser.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="start N ranks under torchrun (one per GPU; CPU processes with train.device_type=cpu)",
+    )
+    parser.add_argument(
         "--save-pretrained",
         metavar="DIR",
         help="save the trained model with its tokenizer to DIR at the end (Trainer.save_pretrained)",
@@ -59,6 +69,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_train_command(args: argparse.Namespace) -> int:
     """Run ``python -m workbench train`` for parsed `args`; returns the exit code."""
+    if getattr(args, "nproc", None) is not None:
+        from workbench.launch import launch
+
+        return launch(args.nproc, getattr(args, "argv", None) or sys.argv[1:])
     try:
         trainer, resume_step = _set_up(args)
     except KeyboardInterrupt:
@@ -68,6 +82,16 @@ def run_train_command(args: argparse.Namespace) -> int:
     except Exception as err:
         traceback.print_exc()
         return _fail(f"setting up the run failed: {_one_line(err)}", EXIT_FAILED)
+    code = EXIT_FAILED
+    try:
+        code = _train(args, trainer, resume_step)
+        return code
+    finally:
+        trainer.close(failed=code != EXIT_OK)  # under torchrun: the others stop waiting, or stop too
+
+
+def _train(args: argparse.Namespace, trainer: Any, resume_step: int | None) -> int:
+    """Fit, save and report a set-up run; returns the exit code."""
     with _notices_as_lines():
         try:
             result = trainer.fit()
@@ -108,10 +132,19 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
         hw = detect(cfg.train.device_type)  # on XLA this starts the runtime: datasets see their host share
     if not multihost.is_main():  # one progress bar per pod, not one per worker
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress_bar=False))
+        _quiet_datasets()
     multihost.print_on_main(_header(args, cfg, hw))
+    if hw.backend == "cuda":
+        from workbench.launch import gpu_notice
+
+        notice = gpu_notice(hw.local_devices, getattr(args, "argv", None) or sys.argv[1:])
+        if notice is not None:
+            multihost.print_on_main(f"notice: {notice}", file=sys.stderr)
     train_ds, eval_ds, tokenizer = build_datasets(cfg)
     with _notices_as_lines():
         trainer = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=eval_ds, hardware=hw)
+    if trainer.ranks is not None:  # what each rank holds of the model
+        multihost.print_on_main(f"ranks: {trainer.ranks.describe()}\n" + "\n".join(trainer.sharding_report))
     latest = trainer.checkpoints.latest() if trainer.checkpoints is not None and cfg.train.resume else None
     return trainer, (trainer.checkpoints.manager.step_of(latest) if latest is not None else None)
 
@@ -126,6 +159,15 @@ def _header(args: argparse.Namespace, cfg: WorkbenchConfig, hw: Any) -> str:
         where += f", {hw.num_processes} processes"
     checkpoints = f", checkpoints in {cfg.train.checkpoint_dir}" if cfg.train.checkpoint_dir else ""
     return f"train: {source} on {where}: {cfg.train.steps} steps{checkpoints}"
+
+
+def _quiet_datasets() -> None:
+    """No `datasets` progress bars on the ranks that are not the main one (each would draw its own)."""
+    try:
+        import datasets
+    except ImportError:
+        return
+    datasets.disable_progress_bars()
 
 
 def run_summary(trainer: Any, result: Any, resume_step: int | None = None, saved: Any = None) -> str:
@@ -237,5 +279,7 @@ def _one_line(err: BaseException) -> str:
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    count = multihost.process_count()
+    rank = f"rank {multihost.process_index()} of {count}: " if count > 1 else ""
+    print(f"error: {rank}{message}", file=sys.stderr, flush=True)
     return code

@@ -25,7 +25,7 @@ from workbench.models.build import build_model
 from workbench.models.inputs import model_inputs
 from workbench.models.layer_stack import per_layer_parameters
 from workbench.models.scan import scanned_layers
-from workbench.train.trainer import prepare_model
+from workbench.train.model_setup import prepare_model
 
 BATCH, LENGTH = 2, 24
 LAYER_TRACES = [0]

@@ -334,15 +334,18 @@ def _detect_cuda() -> HardwareInfo:
 
 
 def _detect_cpu() -> HardwareInfo:
+    """Plain CPU: one device per process; under torchrun (``WORLD_SIZE``) one per rank."""
+    world_env = os.environ.get("WORLD_SIZE", "").strip()
+    world = int(world_env) if world_env else 1
     return HardwareInfo(
         backend="cpu",
         via_xla=False,
         device_kind="CPU",
         chip="cpu",
-        num_devices=1,
+        num_devices=world,
         local_devices=1,
-        num_processes=1,
-        process_index=0,
+        num_processes=world,
+        process_index=int(os.environ.get("RANK", "0")) if world_env else 0,
         memory_per_device_bytes=None,
         peak_bf16_flops_per_device=None,
         host_memory_bytes=host_memory_bytes(),

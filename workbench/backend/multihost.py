@@ -24,7 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from workbench.backend import runtime
+from workbench.backend import process_group, runtime
 from workbench.units import nearby_multiples
 
 if TYPE_CHECKING:
@@ -58,7 +58,9 @@ def _env_int(names: Sequence[str]) -> int | None:
 
 
 def process_index() -> int:
-    """This process's index (0 on a single host). Process 0 is the main one."""
+    """This process's index (0 on a single host; the rank under torchrun). Process 0 is the main one."""
+    if process_group.launched_by_torchrun() and not runtime.runtime_started():
+        return int(os.environ["RANK"])
     if _use_runtime():
         return runtime.xla_process_index()
     value = _env_int(_INDEX_VARS)
@@ -66,7 +68,9 @@ def process_index() -> int:
 
 
 def process_count() -> int:
-    """How many processes take part (one per host on a TPU pod; 1 on Colab/Kaggle)."""
+    """How many processes take part (one per host on a TPU pod; 1 on Colab/Kaggle; torchrun's ranks)."""
+    if process_group.launched_by_torchrun() and not runtime.runtime_started():
+        return int(os.environ["WORLD_SIZE"])
     if _use_runtime():
         return runtime.xla_process_count()
     value = _env_int(_COUNT_VARS)

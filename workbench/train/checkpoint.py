@@ -13,6 +13,10 @@ A checkpoint is one directory ``<root>/step-00000120/`` holding
 Under SPMD (``sharded=True``) the tensors of each part go through `torch.distributed.checkpoint`
 with torch_xla's SPMD planners instead (``<part>.dcp/``): each device's shard is written
 as it is, and loading writes shards straight into the already-sharded destination tensors.
+Under torchrun (``across_ranks=True``) every part holding tensors goes through DCP's default
+planners, every rank writing its own shards (FSDP2) or one copy of replicated tensors (DDP) into
+the same directory; the main rank writes the index files and renames it into place. DCP reshards
+on load, so such a checkpoint resumes with any number of processes, one included.
 DCP keeps its index in a pickle; we read it with torch's weights-only unpickler
 restricted to DCP's metadata classes, never with `pickle.load`.
 
@@ -43,6 +47,7 @@ from typing import Any
 
 import torch
 
+from workbench.backend import process_group
 from workbench.model_dirs import STEP_DIR, checkpoint_written_at
 from workbench.train.state_io import (
     FORMAT_VERSION,
@@ -61,6 +66,7 @@ from workbench.train.state_io import (
     save_dcp,
     save_safetensors,
     sha256,
+    shard_like,
     unflatten_state,
     unique_tensors,
 )
@@ -114,12 +120,16 @@ class CheckpointManager:
     the live state whose (sharded) tensors receive the values.
     """
 
-    def __init__(self, root: str | Path, keep: int = 2, *, sharded: bool = False) -> None:
+    def __init__(
+        self, root: str | Path, keep: int = 2, *, sharded: bool = False, across_ranks: bool = False
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep!r} is not allowed: must be >= 1")
         self.root = Path(root)
         self.keep = int(keep)
         self.sharded = bool(sharded)
+        self.across_ranks = bool(across_ranks)
+        """Every rank of a torchrun launch saves together (collective: all call `save`)."""
 
     # ---- finding ----
     def checkpoints(self) -> list[Path]:
@@ -131,7 +141,8 @@ class CheckpointManager:
         """
         if not self.root.is_dir():
             return []
-        self._restore_moved_aside()
+        if self._main():  # across ranks one rank repairs the directory, never two racing to rename
+            self._restore_moved_aside()
         found = []
         for entry in self.root.iterdir():
             match = STEP_DIR.match(entry.name)
@@ -140,9 +151,18 @@ class CheckpointManager:
         return [path for _, _, path in sorted(found)]
 
     def latest(self) -> Path | None:
-        """The most recently written complete checkpoint, or None."""
-        found = self.checkpoints()
-        return found[-1] if found else None
+        """The most recently written complete checkpoint, or None. Across ranks it is the main rank's
+        answer (collective: every rank asks), so no rank loads a checkpoint the others do not."""
+        found = self.checkpoints() if self._main() else []
+        path = found[-1] if found else None
+        if self.across_ranks:
+            path = process_group.broadcast_object(path)
+        return path
+
+    def _main(self) -> bool:
+        """Whether this process does what only one rank of a torchrun launch may (always, off torchrun)."""
+        group = process_group.current() if self.across_ranks else None
+        return group is None or group.is_main
 
     def path_for(self, step: int) -> Path:
         """Where checkpoint `step` is (or will be, once written)."""
@@ -185,11 +205,13 @@ class CheckpointManager:
             snap.structure[part], tensors = flatten_state(value)
             if not tensors:
                 continue
-            if self.sharded and any(is_sharded_xla(t) for t in tensors.values()):
+            spmd = self.sharded and any(is_sharded_xla(t) for t in tensors.values())
+            if spmd or self.across_ranks:
                 unique = unique_tensors(tensors)  # tied weights written once, as `load_dcp` reads them
                 written_as = {id(t): key for key, t in unique.items()}
                 snap.aliases[part] = {key: written_as[id(t)] for key, t in tensors.items()}
-                snap.sharded[part] = host_shards(unique)
+                # across ranks the write is synchronous: DCP reads the live (sharded) tensors itself
+                snap.sharded[part] = unique if self.across_ranks else host_shards(unique)
             else:
                 snap.files[part] = host_tensors(tensors, copy=copy)
         snap.structure = json.loads(json.dumps(snap.structure))  # a copy: later changes to `state` stay out
@@ -197,57 +219,74 @@ class CheckpointManager:
 
     def write(self, snap: HostSnapshot) -> Path:
         """Write a `snapshot` as its checkpoint, atomically (temporary directory, fsync, rename); prune
-        to the newest `keep`. Touches no device: it runs on a background thread while training goes on."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._remove_stale_temporaries()
+        to the newest `keep`. Touches no device: it runs on a background thread while training goes on.
+        Across ranks every rank calls it: each writes its shards, the main rank the rest."""
+        main = self._main()
+        if main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._remove_stale_temporaries()
         final = self.path_for(snap.step)
-        tmp = self.root / f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        tmp_name = f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
+        if self.across_ranks:
+            tmp_name = process_group.broadcast_object(tmp_name)  # one directory for every rank's files
+        tmp = self.root / tmp_name
+        if main:
+            tmp.mkdir()
         try:
-            parts: dict[str, str] = {}
-            digests: dict[str, str] = {}
-            files = dict(snap.files)
-            for part, shards in snap.sharded.items():
-                if save_dcp(shards, tmp / f"{part}.dcp"):
-                    parts[part] = "dcp"
-                else:
-                    files[part] = {
-                        key: full_tensor(shards[unique]) for key, unique in snap.aliases[part].items()
-                    }
-            for part, tensors in files.items():
-                digests[f"{part}.safetensors"] = save_safetensors(tensors, tmp / f"{part}.safetensors")
-                parts[part] = "safetensors"
-            payload = {
-                "format_version": FORMAT_VERSION,
-                "step": snap.step,
-                "parts": parts,
-                "state": snap.structure,
-                # which written tensor each key of a DCP part is (tied weights are written once): what
-                # a load without live destinations (`into`) needs to put every key back
-                "aliases": {part: snap.aliases[part] for part, kind in parts.items() if kind == "dcp"},
-            }
-            (tmp / STATE_JSON).write_text(json.dumps(payload))
-            manifest = {
-                "format_version": FORMAT_VERSION,
-                "workbench_version": WORKBENCH_VERSION,
-                "step": snap.step,
-                "created_unix": time.time(),
-                "files": {},
-            }
-            for path in files_under(tmp):
-                fsync_file(path)
-                name = str(path.relative_to(tmp))
-                digest = digests.get(name) or sha256(path)
-                manifest["files"][name] = {"bytes": path.stat().st_size, "sha256": digest}
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-            fsync_file(tmp / MANIFEST)
-            fsync_dir(tmp)
-            self._commit(tmp, final)
+            self._write_parts(snap, tmp, final, main=main)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if main:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self._prune(keep_path=final)
+        if main:
+            self._prune(keep_path=final)
+        if self.across_ranks:  # nobody reads the checkpoint before it is in place
+            process_group.barrier()
         return final
+
+    def _write_parts(self, snap: HostSnapshot, tmp: Path, final: Path, *, main: bool) -> None:
+        """The files of `snap` into `tmp`, then (main rank) the index, the manifest and the rename to `final`."""
+        parts: dict[str, str] = {}
+        digests: dict[str, str] = {}
+        files = dict(snap.files)
+        if self.across_ranks:
+            process_group.barrier()  # the directory exists for every rank
+        for part, shards in snap.sharded.items():
+            if save_dcp(shards, tmp / f"{part}.dcp", across_ranks=self.across_ranks):
+                parts[part] = "dcp"
+            else:
+                files[part] = {key: full_tensor(shards[unique]) for key, unique in snap.aliases[part].items()}
+        if not main:  # DCP's save returns once every rank's shards are written: the rest is the main rank's
+            return
+        for part, tensors in files.items():
+            digests[f"{part}.safetensors"] = save_safetensors(tensors, tmp / f"{part}.safetensors")
+            parts[part] = "safetensors"
+        payload = {
+            "format_version": FORMAT_VERSION,
+            "step": snap.step,
+            "parts": parts,
+            "state": snap.structure,
+            # which written tensor each key of a DCP part is (tied weights are written once): what
+            # a load without live destinations (`into`) needs to put every key back
+            "aliases": {part: snap.aliases[part] for part, kind in parts.items() if kind == "dcp"},
+        }
+        (tmp / STATE_JSON).write_text(json.dumps(payload))
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "workbench_version": WORKBENCH_VERSION,
+            "step": snap.step,
+            "created_unix": time.time(),
+            "files": {},
+        }
+        for path in files_under(tmp):
+            fsync_file(path)
+            name = str(path.relative_to(tmp))
+            digest = digests.get(name) or sha256(path)
+            manifest["files"][name] = {"bytes": path.stat().st_size, "sha256": digest}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        fsync_file(tmp / MANIFEST)
+        fsync_dir(tmp)
+        self._commit(tmp, final)
 
     def _commit(self, tmp: Path, final: Path) -> None:
         """The atomic step: rename the finished temporary directory into place."""
@@ -379,6 +418,8 @@ class CheckpointManager:
                 tensors: dict[str, torch.Tensor] = {}
             elif kind == "safetensors":
                 tensors = load_safetensors(path / f"{part}.safetensors")
+                if into is not None and part in into:  # a one-process checkpoint resumed under FSDP2
+                    tensors = shard_like(tensors, flatten_state(into[part])[1])
             elif kind == "dcp" and into is not None and part in into:
                 _, targets = flatten_state(into[part])
                 load_dcp(targets, path / f"{part}.dcp")

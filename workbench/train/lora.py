@@ -376,30 +376,40 @@ def dequantized_state_dict(model: Any) -> dict[str, torch.Tensor]:
     return merged
 
 
-def save_model(model: Any, path: str | Path, *, merged: bool = False, tokenizer: Any = None) -> Path:
+def save_model(
+    model: Any, path: str | Path, *, merged: bool = False, tokenizer: Any = None, write: bool = True
+) -> Path:
     """Write `model` to directory `path`: a peft adapter (a LoRA model, ``merged=False``), else a full
-    `transformers` model (merged adapters included); `tokenizer` (when given) beside it. Returns the path."""
+    `transformers` model (merged adapters included); `tokenizer` (when given) beside it. Returns the path.
+    Under torchrun every rank calls it (an FSDP2 model's shards are gathered) and only the one with
+    `write` writes."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     if is_lora(model) and not merged:
         adapters = host_tensors(trainable_parameters(model))
-        model.save_pretrained(str(path), state_dict=adapters, save_embedding_layers=False)
-        (path / BASE_MODEL_FILE).write_text(json.dumps(base_model_identity(model), indent=1))
+        if write:
+            path.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(str(path), state_dict=adapters, save_embedding_layers=False)
+            (path / BASE_MODEL_FILE).write_text(json.dumps(base_model_identity(model), indent=1))
     elif quantized_layers(base_of(model)):
         modes = sorted({layer.mode for layer in quantized_layers(base_of(model)).values()})
-        base_of(model).save_pretrained(str(path), state_dict=dequantized_state_dict(model))
-        _set_config_dtype(path, MERGED_DTYPE)
-        warnings.warn(
-            f"{'merged ' if is_lora(model) else ''}model saved to {str(path)!r} dequantized from "
-            f"{'/'.join(modes)} to {str(MERGED_DTYPE).removeprefix('torch.')}: its base weights were "
-            "quantized, so this is a plain transformers checkpoint of the dequantized (and merged) weights",
-            UserWarning,
-            stacklevel=2,
-        )
+        state = dequantized_state_dict(model)
+        if write:
+            path.mkdir(parents=True, exist_ok=True)
+            base_of(model).save_pretrained(str(path), state_dict=state)
+            _set_config_dtype(path, MERGED_DTYPE)
+            warnings.warn(
+                f"{'merged ' if is_lora(model) else ''}model saved to {str(path)!r} dequantized from "
+                f"{'/'.join(modes)} to {str(MERGED_DTYPE).removeprefix('torch.')}: its base weights were "
+                "quantized, so this is a plain transformers checkpoint of the dequantized (and merged) weights",
+                UserWarning,
+                stacklevel=2,
+            )
     else:
         state = merged_state_dict(model) if is_lora(model) else host_tensors(dict(model.state_dict()))
-        base_of(model).save_pretrained(str(path), state_dict=state)
-    if tokenizer is not None:
+        if write:
+            path.mkdir(parents=True, exist_ok=True)
+            base_of(model).save_pretrained(str(path), state_dict=state)
+    if tokenizer is not None and write:
         tokenizer.save_pretrained(str(path))
     return path
 

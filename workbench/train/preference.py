@@ -389,7 +389,9 @@ def precompute_reference(
         outputs: list[torch.Tensor] = []
         for indices, batch in _pair_batches(dataset, cfg, **kwargs):
             with torch.no_grad(), autocast():
-                outputs.append(objective.logps(model, data.to_device(batch)))
+                # every row, on every rank under torchrun: `order` names the whole batch's pairs, and
+                # each rank's stream later takes its own rows of them (the model is not sharded yet)
+                outputs.append(objective.logps(model, data.to_device(batch, whole=True)))
             if data.xla:
                 runtime.sync()
             order.extend(indices)

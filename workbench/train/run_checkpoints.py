@@ -30,13 +30,21 @@ class RunCheckpoints:
     such as '20m'), written in the background when ``train.async_checkpoint``; sharded under SPMD."""
 
     def __init__(
-        self, train: TrainConfig, *, sharded: bool, clock: Callable[[], float] = time.monotonic
+        self,
+        train: TrainConfig,
+        *,
+        sharded: bool,
+        clock: Callable[[], float] = time.monotonic,
+        ranks: Any = None,
     ) -> None:
-        self.manager = CheckpointManager(train.checkpoint_dir, keep=train.keep_checkpoints, sharded=sharded)
+        self.manager = CheckpointManager(
+            train.checkpoint_dir, keep=train.keep_checkpoints, sharded=sharded, across_ranks=ranks is not None
+        )
         every = train.checkpoint_every
         self.every_s = duration_with_unit(every)
         self.every_steps = every if isinstance(every, int) else 0
-        self.background = bool(train.async_checkpoint)
+        # across torchrun's ranks a save is collective: written on the training thread, never beside it
+        self.background = bool(train.async_checkpoint) and ranks is None
         self.clock = clock
         self.path: str | None = None
         """The last checkpoint saved (complete once `wait` returns) or loaded."""

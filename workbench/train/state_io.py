@@ -149,7 +149,8 @@ def host_tensors(tensors: Mapping[str, torch.Tensor], *, copy: bool = False) -> 
     and its layers copied out of it before the next is fetched."""
     keys = list(tensors)
     origins = [layer_slice_origin(t) for t in tensors.values()]
-    values = [t.detach() for t in tensors.values()]
+    # an FSDP2 shard (torchrun) is put together whole: collective, every rank asks in the same order
+    values = [full_if_sharded(t.detach()) for t in tensors.values()]
     live = {i for i, t in enumerate(values) if copy and t.device.type == "cpu" and origins[i] is None}
     xla_idx = [i for i, t in enumerate(values) if t.device.type == "xla" and origins[i] is None]
     if xla_idx:
@@ -177,6 +178,32 @@ def host_tensors(tensors: Mapping[str, torch.Tensor], *, copy: bool = False) -> 
             host = host.clone()
         seen.add(ptr)
         out[key] = host
+    return out
+
+
+def full_if_sharded(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (gathered from every rank), any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def shard_like(
+    tensors: dict[str, torch.Tensor], targets: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """`tensors` (whole host tensors, e.g. a one-process checkpoint's safetensors part) with each one
+    whose live target is a DTensor (FSDP2 under torchrun) cut to that target's mesh and placements, this
+    rank's piece taken locally (no communication: every rank read the whole file). Without it a
+    one-process checkpoint cannot be resumed under FSDP2: ``load_state_dict`` and the optimizer refuse to
+    mix a plain tensor with a DTensor parameter."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    out = dict(tensors)
+    for key, value in tensors.items():
+        target = targets.get(key)
+        if isinstance(target, DTensor) and not isinstance(value, DTensor):
+            local = value.to(target.device)
+            out[key] = distribute_tensor(local, target.device_mesh, target.placements, src_data_rank=None)
     return out
 
 
@@ -313,9 +340,10 @@ def full_tensor(value: Any) -> torch.Tensor:
     return full
 
 
-def save_dcp(shards: dict[str, Any], directory: Path) -> bool:
+def save_dcp(shards: dict[str, Any], directory: Path, *, across_ranks: bool = False) -> bool:
     """Write `host_shards`' output through DCP and check its index holds every tensor; False (nothing
-    left behind) if not.
+    left behind) if not. `across_ranks` (torchrun): every rank calls it with its live tensors (FSDP2's
+    DTensors, DDP's replicated ones) and DCP's default planner writes each shard once.
 
     torch_xla 2.9's SPMD planner silently leaves out tensors that are sharded *and* partially
     replicated (a data x fsdp mesh with data > 1) when one process holds all devices; such
@@ -324,6 +352,10 @@ def save_dcp(shards: dict[str, Any], directory: Path) -> bool:
     """
     import torch.distributed.checkpoint as dcp
 
+    if across_ranks:
+        directory.mkdir(exist_ok=True)
+        dcp.save(shards, storage_writer=dcp.FileSystemWriter(str(directory)))
+        return True
     directory.mkdir()
     dcp.save(shards, storage_writer=dcp.FileSystemWriter(str(directory)), planner=runtime.spmd_save_planner())
     written = set(_dcp_reader(directory).read_metadata().state_dict_metadata)
@@ -374,6 +406,24 @@ def _dcp_reader(directory: Path) -> Any:
     return RestrictedReader(str(directory))
 
 
+_DCP_DTYPES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "bool",
+)
+"""Tensor dtypes a DCP index may name (torch's RNG and NumPy's state come as uint8/uint32 tensors)."""
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     """Unpickles DCP's index only: any global outside its metadata classes is refused."""
 
@@ -392,15 +442,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
     } | {
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         ("torch", "Size"),
-        ("torch", "float32"),
-        ("torch", "float16"),
-        ("torch", "bfloat16"),
-        ("torch", "float64"),
-        ("torch", "int64"),
-        ("torch", "int32"),
-        ("torch", "int8"),
-        ("torch", "uint8"),
-        ("torch", "bool"),
+        *(("torch", dtype) for dtype in _DCP_DTYPES),
         ("torch", "strided"),
         ("torch", "contiguous_format"),
         ("torch", "preserve_format"),
@@ -419,11 +461,19 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 def load_dcp(targets: dict[str, torch.Tensor], directory: Path) -> None:
+    """Read a DCP part into the live `targets`, resharded to their layout: XLA tensors through
+    torch_xla's SPMD planner; CPU/CUDA tensors and torchrun's DTensors through DCP's default one
+    (collective across ranks under torchrun, a local read in one process)."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    dcp.load(
-        unique_tensors(targets), storage_reader=_dcp_reader(directory), planner=runtime.spmd_load_planner()
-    )
+    unique = unique_tensors(targets)
+    if any(t.device.type == "xla" for t in unique.values()):
+        dcp.load(unique, storage_reader=_dcp_reader(directory), planner=runtime.spmd_load_planner())
+        return
+    joined = dist.is_available() and dist.is_initialized()
+    dcp.load(unique, storage_reader=_dcp_reader(directory), planner=DefaultLoadPlanner(), no_dist=not joined)
 
 
 # ---- RNG state -------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import torch
 from workbench.analysis.metrics import perplexity
 from workbench.backend import runtime
 from workbench.config import TrainConfig
+from workbench.parallel.torch_parallel import local_part
 from workbench.train.objective import CausalLMObjective
 from workbench.train.oom import halved_micro_batch
 from workbench.train.optim import init_optimizer_state
@@ -68,20 +69,24 @@ def autocast_for(precision: str, device: Any, xla: bool) -> contextlib.AbstractC
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
-def clip_grad_norm_fp32(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm_fp32(params: Sequence[torch.Tensor], max_norm: float, ranks: Any = None) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` with the norm summed in fp32 whatever the gradients' dtype;
     returns the total norm (a device tensor). torch sums each gradient's squares in its own dtype:
     in bf16 a large tensor's norm is off by several percent (a stacked ``[layers, ...]`` gradient
-    more than a layer's), and the clip scales the whole update by it."""
+    more than a layer's), and the clip scales the whole update by it. Under torchrun `ranks`
+    (`workbench.train.ranks.RankTraining`) gives the global norm of sharded gradients."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), dtype=torch.float32)
-    norms = torch.stack([torch.linalg.vector_norm(g, 2, dtype=torch.float32) for g in grads])
-    total = torch.linalg.vector_norm(norms, 2)
+    if ranks is not None:
+        total = ranks.grad_norm(grads)
+    else:
+        norms = torch.stack([torch.linalg.vector_norm(g, 2, dtype=torch.float32) for g in grads])
+        total = torch.linalg.vector_norm(norms, 2)
     coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
     with torch.no_grad():
         for g in grads:
-            g.mul_(coefficient.to(g.dtype))
+            local_part(g).mul_(coefficient.to(g.dtype))
     return total
 
 
@@ -102,8 +107,12 @@ class StepEngine:
         device: Any,
         xla: bool,
         sharded: bool = False,
+        ranks: Any = None,
     ) -> None:
         self.model, self.objective = model, objective
+        self.ranks = ranks
+        """Under torchrun, the ranks (`workbench.train.ranks.RankTraining`): forward through DDP/FSDP2,
+        sums and norms over every rank; None in one process."""
         self.optimizer, self.scheduler, self.loop = optimizer, scheduler, loop
         self.device, self.xla, self.sharded = device, xla, sharded
         self.precision, self.grad_accum, self.max_grad_norm = (
@@ -182,10 +191,18 @@ class StepEngine:
                         p.grad = torch.zeros_like(p)
 
     # ---- the step ----
-    def _micro_step(self, batch: Batch) -> None:
-        with self.autocast():
-            out = self.objective(self.model, batch)
-        out["loss_sum"].backward()
+    def _forward(self, batch: Batch, objective: torch.nn.Module | None = None) -> dict[str, Any]:
+        if self.ranks is not None:  # through DDP / FSDP2, whose hooks gather and reduce
+            return self.ranks.forward(batch, objective)
+        return (objective or self.objective)(self.model, batch)
+
+    def _micro_step(self, batch: Batch, last: bool = True) -> None:
+        """One micro-batch's forward and backward; across ranks gradients are reduced on the `last` only."""
+        syncing = self.ranks.gradient_sync(last) if self.ranks is not None else contextlib.nullcontext()
+        with syncing:
+            with self.autocast():
+                out = self._forward(batch)
+            out["loss_sum"].backward()
         with torch.no_grad():
             self._loss_acc.add_(out["loss_sum"].detach().float())
             self._tokens_acc.add_(out["tokens"].float())
@@ -194,15 +211,21 @@ class StepEngine:
 
     def _update(self) -> dict[str, torch.Tensor]:
         """Scale accumulated gradients to the mean over the step's count (real tokens; DPO: real pairs), clip,
-        step; returns device tensors to log."""
+        step; returns device tensors to log. Across ranks the sums are every rank's, so the loss is the
+        global mean and the gradient the mean over every real token of the global batch."""
+        scale = 1.0
+        if self.ranks is not None:
+            self.ranks.reduce_sums([self._loss_acc, self._tokens_acc, *self._stat_acc.values()])
+            scale = self.ranks.gradient_scale
         with torch.no_grad():
             inv_tokens = 1.0 / self._tokens_acc.clamp(min=1.0)
+            grad_scale = inv_tokens * scale
             for p in self.params:
                 if p.grad is not None:
-                    p.grad.mul_(inv_tokens.to(p.grad.dtype))
+                    local_part(p.grad).mul_(grad_scale.to(p.grad.dtype))
         grad_norm = None
         if self.max_grad_norm is not None:
-            grad_norm = clip_grad_norm_fp32(self.params, self.max_grad_norm)
+            grad_norm = clip_grad_norm_fp32(self.params, self.max_grad_norm, self.ranks)
         self.optimizer.step()
         self.scheduler.step()
         with torch.no_grad():
@@ -244,8 +267,8 @@ class StepEngine:
         if len(micro) == 1:
             self._micro_step(micro[0])
         else:
-            for m in micro:
-                self._micro_step(m)
+            for i, m in enumerate(micro):
+                self._micro_step(m, last=i == len(micro) - 1)
                 self.sync()
         return self._update()
 
@@ -281,11 +304,13 @@ class StepEngine:
             if max_batches is not None and i >= max_batches:
                 break
             with torch.no_grad(), self.autocast():
-                out = self.eval_objective(self.model, batch)
+                out = self._forward(batch, self.eval_objective)
             figures = {"loss_sum": out["loss_sum"], "tokens": out["tokens"], **out.get("stats", {})}
             sums = {name: sums[name] + figures[name] for name in sums}
             self.sync()
         self.model.train()
+        if self.ranks is not None:  # every rank evaluated its rows of each batch
+            self.ranks.reduce_sums(list(sums.values()))
         means = torch.stack([sums[name] for name in ("loss_sum", *names)]) / sums["tokens"].clamp(min=1.0)
         loss, *stats = means.cpu().tolist()  # the one read
         return EvalLoss(loss, dict(zip(names, stats)))

@@ -103,17 +103,28 @@ class HostStream:
 
 
 class DeviceStream:
-    """Batches of a `HostStream` on the device, each with its `BatchInfo`; `close()` stops prefetching."""
+    """Batches of a `HostStream` on the device, each with its `BatchInfo`; `close()` stops prefetching.
 
-    def __init__(self, host: HostStream, device: Any, *, xla: bool, batch_sharding: Any = None) -> None:
+    Under torchrun (`rank_rows`: this rank's slice, slices) each batch's facts are the whole
+    batch's and the device gets this rank's rows of it (`workbench.train.ranks.take_rows`)."""
+
+    def __init__(
+        self,
+        host: HostStream,
+        device: Any,
+        *,
+        xla: bool,
+        batch_sharding: Any = None,
+        rank_rows: tuple[int, int] | None = None,
+    ) -> None:
         self.host = host
         if xla:
             self._batches: Iterator[dict] = iter(
                 runtime.device_loader(host, device, batch_sharding=batch_sharding)
             )
         else:
-            non_blocking = torch.device(device).type == "cuda"
-            self._batches = ({k: v.to(device, non_blocking=non_blocking) for k, v in b.items()} for b in host)
+            rows = host.rows_per_example
+            self._batches = (to_device(b, device, rank_rows, rows) for b in host)
 
     def next(self) -> tuple[dict, BatchInfo]:
         batch = next(self._batches)
@@ -122,6 +133,18 @@ class DeviceStream:
     def close(self) -> None:
         """Stop the device loader's background threads (they would otherwise prefetch forever)."""
         runtime.close_device_iterator(self._batches)
+
+
+def to_device(
+    batch: dict[str, torch.Tensor], device: Any, rank_rows: tuple[int, int] | None, rows_per_example: int = 1
+) -> dict[str, torch.Tensor]:
+    """A host batch on an eager device (CUDA, CPU): this rank's rows of it under torchrun."""
+    if rank_rows is not None:
+        from workbench.train.ranks import take_rows
+
+        batch = take_rows(batch, *rank_rows, rows_per_example=rows_per_example)
+    non_blocking = torch.device(device).type == "cuda"
+    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
 
 
 class TrainingData:
@@ -139,8 +162,11 @@ class TrainingData:
         device: Any,
         xla: bool,
         batch_sharding: Any = None,
+        rank_rows: tuple[int, int] | None = None,
     ) -> None:
         self.cfg, self.train_dataset, self.eval_dataset = cfg, train_dataset, eval_dataset
+        self.rank_rows = rank_rows
+        """Under torchrun: (this rank's slice, slices) of every batch's rows."""
         self.pad_token_id, self.dp_size = pad_token_id, dp_size
         self.device, self.xla, self.batch_sharding = device, xla, batch_sharding
         self.bucket_choice: BucketChoice | None = None
@@ -178,14 +204,17 @@ class TrainingData:
         loader, sampler = self.loader(self.train_dataset, batch_size)
         rows = 2 if is_pair_dataset(self.train_dataset) else 1
         host = HostStream(loader, sampler, start_epoch=epoch, skip=skip, rows_per_example=rows)
-        return DeviceStream(host, self.device, xla=self.xla, batch_sharding=self.batch_sharding)
+        return DeviceStream(
+            host, self.device, xla=self.xla, batch_sharding=self.batch_sharding, rank_rows=self.rank_rows
+        )
 
     def eval_batches(self, batch_size: int) -> Iterable[dict]:
         """One pass over the eval split, on the device."""
         loader, _ = self.loader(self.eval_dataset, batch_size)
         if self.xla:
             return runtime.device_loader(loader, self.device, batch_sharding=self.batch_sharding)
-        return ({k: v.to(self.device) for k, v in b.items()} for b in loader)
+        rows = 2 if is_pair_dataset(self.eval_dataset) else 1
+        return (to_device(b, self.device, self.rank_rows, rows) for b in loader)
 
     def shapes(self, batch_size: int, dataset: Any) -> list[tuple[int, int]]:
         """Every (rows, length) the loader for `dataset` can emit at `batch_size`: the collated batch's
@@ -195,8 +224,9 @@ class TrainingData:
         rows = 2 if is_pair_dataset(dataset) else 1
         return sorted({(rows * int(s[0]), int(s[1])) for s in sampler.batch_shapes()})
 
-    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Move one host batch exactly as the stream does (same sharding, so the same program)."""
+    def to_device(self, batch: dict[str, torch.Tensor], *, whole: bool = False) -> dict[str, torch.Tensor]:
+        """Move one host batch exactly as the stream does (same sharding, so the same program); `whole`:
+        every row of it, also under torchrun (a pass whose results are indexed by the batch's examples)."""
         if self.xla:
             return next(iter(runtime.device_loader([batch], self.device, batch_sharding=self.batch_sharding)))
-        return {k: v.to(self.device) for k, v in batch.items()}
+        return to_device(batch, self.device, None if whole else self.rank_rows)

@@ -40,22 +40,22 @@ from workbench.backend.compile_cache import enable_compile_cache
 from workbench.backend.hardware import HardwareInfo, detect
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
-from workbench.models.attention_choice import choose_attention, use_attention
-from workbench.models.build import enable_gradient_checkpointing, no_kv_cache
-from workbench.models.scan import choose_scan, install_scan, scan_notices
+from workbench.models.build import no_kv_cache
+from workbench.models.scan import scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
 from workbench.train import warmup
 from workbench.train.clock import ThroughputClock, TimeBudget
 from workbench.train.distill import DistillationObjective, DistillSettings
 from workbench.train.ladder import batch_ladder
-from workbench.train.lora import apply_lora, save_model
+from workbench.train.lora import save_model
+from workbench.train.model_setup import precision_notices, run_model
 from workbench.train.objective import CausalLMObjective, LossChunking
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import build_optimizer, warmup_cosine
 from workbench.train.preference import check_objective_data, preference_objective, prepare_reference
+from workbench.train.ranks import RankTraining
 from workbench.train.run_checkpoints import RunCheckpoints
-from workbench.train.start import StartingModel, starting_model
 from workbench.train.state import LoopState, TrainingState
 from workbench.train.step import StepEngine
 from workbench.train.stream import DeviceStream, TrainingData
@@ -116,16 +116,22 @@ class Trainer:
     ) -> None:
         train = cfg.train
         self.budget = TimeBudget(duration_or_none(train.time_limit))  # the session's time counts from here
-        self.cfg, self.callbacks = cfg, list(callbacks)
+        self.cfg = cfg
         self.hw = hardware or detect(train.device_type)
         self.compile_cache = cache = enable_compile_cache(train.compile_cache_dir, self.hw)  # before compiles
         self.notices = [*self.hw.notices, *cache.notices, *compile_log.start_run_log(self.hw.via_xla)]
         self.xla = self.hw.via_xla
+        # under torchrun: the process group, the same config on every rank, mesh.data x mesh.fsdp over the ranks
+        self.ranks = RankTraining.start(cfg, self.hw)  # None off torchrun and on XLA (SPMD)
+        self.is_main = self.ranks is None or self.ranks.is_main
+        self.callbacks = list(callbacks) if self.is_main else []  # metrics and dashboards: the main rank's
         self.mesh_spec = mesh_from_config(cfg.mesh, self.hw) if self.xla and cfg.mesh.enabled else None
         self.mesh = self.mesh_spec.build() if self.mesh_spec is not None else None
-        # asked for after the mesh: under SPMD this is the virtual device the whole mesh sits behind
-        self.device = runtime.device() if self.xla else torch.device(self.hw.backend)
-        self.dp_size = self.mesh_spec.dp_size if self.mesh_spec is not None else 1
+        if self.ranks is not None:  # one device per rank; every rank a data-parallel one
+            self.device, self.dp_size = self.ranks.device, self.ranks.world_size
+        else:  # asked for after the mesh: under SPMD this is the virtual device the whole mesh sits behind
+            self.device = runtime.device() if self.xla else torch.device(self.hw.backend)
+            self.dp_size = self.mesh_spec.dp_size if self.mesh_spec is not None else 1
 
         self.tokenizer = tokenizer
         if train_dataset is None:
@@ -140,12 +146,16 @@ class Trainer:
             device=self.device,
             xla=self.xla,
             batch_sharding=batch_sharding(self.mesh) if self.mesh is not None else None,
+            rank_rows=self.ranks.rows if self.ranks is not None else None,
         )
         self.model = run_model(cfg, model, self.tokenizer, hw=self.hw, notice=self._notice)
         self.reference = prepare_reference(cfg, self.model, self._notice)  # DPO: read before placing
         self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher = teacher
         self.objective = build_objective(self, teacher)
+        if self.ranks is not None:  # DDP / FSDP2 before the optimizer: FSDP2 replaces the parameters
+            self.ranks.wrap(self.model, self.objective)
+            self.sharding_report = self.ranks.report(self.model)
         self.optimizer = build_optimizer(self.model, train, extra_params=self.objective.parameters())
         self.scheduler = warmup_cosine(self.optimizer, train)
 
@@ -160,14 +170,14 @@ class Trainer:
             device=self.device,
             xla=self.xla,
             sharded=self.mesh is not None,
+            ranks=self.ranks,
         )
         self.training_state = TrainingState(
             self.model, self.objective, self.optimizer, self.scheduler, self.loop, self.xla
         )
-        self.checkpoints = (
-            RunCheckpoints(train, sharded=self.mesh is not None) if train.checkpoint_dir else None
-        )
-        if self.checkpoints is not None:
+        self.checkpoints = None
+        if train.checkpoint_dir:
+            self.checkpoints = RunCheckpoints(train, sharded=self.mesh is not None, ranks=self.ranks)
             self.checkpoints.on_saved = self.budget.save_done
         self.history: list[RunMetrics] = []
         self.last_eval_loss: float | None = None
@@ -206,35 +216,15 @@ class Trainer:
             batch_sizes=self.ladder,
             grad_accum=self.cfg.train.grad_accum,
             evals=evals,
-            on_oom=self._halve_micro_batches,
+            on_oom=lambda err: halve_micro_batches(self, err),
         )
-
-    def _halve_micro_batches(self, err: BaseException) -> bool:
-        """The out-of-memory policy: twice the micro-batches per batch, when they still split over the mesh."""
-        if not self.engine.can_halve_micro_batches({*self.ladder, self.loop.batch_size}, self.dp_size):
-            return False
-        self.engine.halve_micro_batches()
-        micro, accum = self.loop.batch_size // self.loop.split, self.engine.micro_steps
-        self._notice(
-            f"out of memory ({str(err).splitlines()[0][:120]}); retrying with micro-batch {micro} x "
-            f"{accum} accumulation (same effective batch {self.loop.batch_size * self.cfg.train.grad_accum})"
-        )
-        return True
 
     def _run_step(self, batches: list[dict]) -> dict[str, torch.Tensor]:
-        if self.xla:  # a failed XLA step may have donated its buffers: only the warm-up retries
+        # a failed XLA step may have donated its buffers: only the warm-up retries; across ranks a rank
+        # retrying alone would leave the others in a collective
+        if self.xla or self.ranks is not None:
             return self.engine.train_step(batches)
-        lrs = [g["lr"] for g in self.optimizer.param_groups]
-
-        def shrink(err: BaseException) -> bool:  # eager backends: a failed step leaves weights intact
-            self.engine.clear()
-            for group, lr in zip(self.optimizer.param_groups, lrs):
-                group["lr"] = lr
-            if self.hw.backend == "cuda":
-                torch.cuda.empty_cache()
-            return self._halve_micro_batches(err)
-
-        return retry_on_oom(lambda: self.engine.train_step(batches), shrink)
+        return eager_step_with_retry(self, batches)
 
     # ---- eval and checkpoints ----
     def evaluate(self, max_batches: int | None = None) -> float:
@@ -276,8 +266,15 @@ class Trainer:
     def save_pretrained(self, path: str | Path, merged: bool = False) -> Path:
         """Export the model with the tokenizer beside it: a LoRA run as a peft adapter directory
         (`peft.PeftModel.from_pretrained(base, path)` loads it), a merged LoRA model (``merged=True``)
-        or a full fine-tune as a `transformers` model directory (`workbench.train.lora.save_model`)."""
-        return save_model(self.model, path, merged=merged, tokenizer=self.tokenizer)
+        or a full fine-tune as a `transformers` model directory (`workbench.train.lora.save_model`).
+        Under torchrun every rank calls it (FSDP2 shards are gathered) and the main rank writes."""
+        return save_model(self.model, path, merged=merged, tokenizer=self.tokenizer, write=self.is_main)
+
+    def close(self, *, failed: bool = False) -> None:
+        """This process is done with a torchrun launch (no-op otherwise): the others stop waiting for it,
+        or, when it `failed`, stop too, naming it."""
+        if self.ranks is not None:
+            self.ranks.finish(failed=failed)
 
     # ---- the loop ----
     def fit(self) -> TrainResult:
@@ -331,7 +328,8 @@ class Trainer:
             self.cfg.train.eval_every, self.loop.step + 1
         )
         writing = self.checkpoints.in_flight_s() if self.checkpoints is not None else 0.0
-        return self.budget.must_stop(eval_next=evals, write_in_flight_s=writing)
+        stop = self.budget.must_stop(eval_next=evals, write_in_flight_s=writing)
+        return main_decides(self, stop, timed=self.budget.limit_s is not None)
 
     def _step(self, clock: ThroughputClock, bar: Any, warm: int) -> None:
         """One optimizer step: take its batches, run it, count it; then eval, log and save when due."""
@@ -362,7 +360,8 @@ class Trainer:
         )
         if metrics is not None:
             self._report(metrics, warm, bar)
-        if self.checkpoints is not None and self.checkpoints.due(loop.step):
+        saves = self.checkpoints
+        if saves is not None and main_decides(self, saves.due(loop.step), timed=saves.every_s is not None):
             clock.paused(lambda: self.save_checkpoint(wait=False))
             self.profiler.exclude_compiles()  # a save's programs are not a recompilation of the step
             if is_log:  # keep the save's time and host copies out of the next interval's figures
@@ -396,7 +395,7 @@ def save_final_state(trainer: Trainer, clock: ThroughputClock, stopped: bool) ->
     room for it (the last complete checkpoint then stands); the time limit's notice when it `stopped` the run."""
     saves, loop, train = trainer.checkpoints, trainer.loop, trainer.cfg.train
     if saves is not None and saves.step != loop.step:
-        if trainer.budget.final_save_fits():
+        if main_decides(trainer, trainer.budget.final_save_fits(), timed=trainer.budget.limit_s is not None):
             clock.paused(trainer.save_checkpoint)
         else:
             trainer._notice(f"time limit: no room for a save of step {loop.step}; the last checkpoint stands")
@@ -405,6 +404,44 @@ def save_final_state(trainer: Trainer, clock: ThroughputClock, stopped: bool) ->
             loop.step, train.steps, trainer.checkpoint_path, resume=train.resume
         )
         trainer._notice(notice)
+
+
+def main_decides(trainer: Trainer, decision: bool, *, timed: bool) -> bool:
+    """A decision read off a clock (`timed`) is the main rank's across torchrun's ranks: ranks whose clocks
+    disagreed would leave one in a collective (a save, the next step) that the others never enter."""
+    if trainer.ranks is None or not timed:
+        return decision
+    return bool(trainer.ranks.broadcast(decision))
+
+
+def halve_micro_batches(trainer: Trainer, err: BaseException) -> bool:
+    """The out-of-memory policy: twice the micro-batches per batch, when they still split over the mesh."""
+    loop, engine = trainer.loop, trainer.engine
+    if not engine.can_halve_micro_batches({*trainer.ladder, loop.batch_size}, trainer.dp_size):
+        return False
+    engine.halve_micro_batches()
+    micro, accum = loop.batch_size // loop.split, engine.micro_steps
+    trainer._notice(
+        f"out of memory ({str(err).splitlines()[0][:120]}); retrying with micro-batch {micro} x "
+        f"{accum} accumulation (same effective batch {loop.batch_size * trainer.cfg.train.grad_accum})"
+    )
+    return True
+
+
+def eager_step_with_retry(trainer: Trainer, batches: list[dict]) -> dict[str, torch.Tensor]:
+    """One step on an eager backend (CUDA, CPU) under the out-of-memory policy: a failed step leaves the
+    weights intact, so the gradients are cleared, the rates put back and the step run again smaller."""
+    lrs = [g["lr"] for g in trainer.optimizer.param_groups]
+
+    def shrink(err: BaseException) -> bool:
+        trainer.engine.clear()
+        for group, lr in zip(trainer.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        if trainer.hw.backend == "cuda":
+            torch.cuda.empty_cache()
+        return halve_micro_batches(trainer, err)
+
+    return retry_on_oom(lambda: trainer.engine.train_step(batches), shrink)
 
 
 def run_metrics(trainer: Trainer, interval: IntervalMetrics, warm: int) -> RunMetrics:
@@ -426,85 +463,6 @@ def run_metrics(trainer: Trainer, interval: IntervalMetrics, warm: int) -> RunMe
         checkpoint_stall_s=checkpoints.stall_s if checkpoints is not None else None,
     )
     return metrics
-
-
-def run_model(
-    cfg: WorkbenchConfig,
-    model: torch.nn.Module | None,
-    tokenizer: Any,
-    *,
-    hw: HardwareInfo,
-    notice: Callable[[str], None],
-) -> torch.nn.Module:
-    """The run's model on the host: the one handed in, or built or loaded from ``model.pretrained_path``
-    (any model directory: `workbench.train.start`), prepared (`prepare_model`) with the attention kernel
-    ``model.attention`` resolves to on `hw` for rows of ``data.max_length``, with the adapters it
-    continues copied in."""
-    start = StartingModel(model) if model is not None else starting_model(cfg, tokenizer, notice)
-    kernel = choose_attention(
-        cfg.model.attention, hw, seq_len=cfg.data.max_length, notice=notice, model=start.model
-    )
-    prepared = prepare_model(
-        start.model, cfg.train, cfg.model, xla=hw.via_xla, lora=cfg.lora, notice=notice, attention=kernel
-    )
-    start.carry_into(prepared)
-    return prepared
-
-
-def prepare_model(
-    model: torch.nn.Module,
-    train: Any,
-    model_cfg: Any,
-    *,
-    xla: bool,
-    lora: Any = None,
-    notice: Callable[[str], None] | None = None,
-    attention: str | None = None,
-) -> torch.nn.Module:
-    """Precision (fp32 weights for a full fine-tune under 'fp32'/'bf16-mixed', whatever the checkpoint's
-    dtype; bf16 under 'bf16'), no KV cache (training never decodes), gradient checkpointing: as `train` says; then,
-    with ``model_cfg.quantize`` ('int8', 'int4'), the base's linears as integers
-    (`workbench.models.quantize`, layer by layer; `notice` hears what was quantized); then, with
-    ``lora.rank > 0``, the LoRA model (frozen base, seeded adapters: `workbench.train.lora`); then,
-    with ``model_cfg.scan_layers`` on XLA (true, or 'auto' where it pays off: `choose_scan`, whose
-    notice `notice` hears), the decoder stack scanned over stacked weights (`workbench.models.scan`;
-    true is checked on every backend, a no-op off XLA), whose rematerialisation is the gradient
-    checkpointing; `attention` ('eager', 'sdpa', 'flash', 'chunked': `workbench.models.attention`) sets the
-    attention kernel (None keeps the model's). Runs on the host, before the model is placed on its device or mesh."""
-    quantize = model_cfg.quantize
-    if train.precision == "bf16":
-        model.to(torch.bfloat16)
-    elif lora is None or lora.rank == 0:
-        # fp32 / bf16-mixed keep fp32 master weights: a bf16 checkpoint (most published ones) would
-        # otherwise train in bf16, where AdamW's small updates round away. A LoRA base is frozen: it
-        # keeps the checkpoint's dtype (the adapters are fp32 either way).
-        model.to(torch.float32)
-    no_kv_cache(model)  # a model handed in did not come through build_model
-    if attention is not None:  # before LoRA and scan, which wrap the attention modules as they are
-        use_attention(model, attention)
-    if quantize != "none":  # before LoRA, so the adapters wrap the quantized layers
-        from workbench.models.quantize import quantize_model
-
-        summary = quantize_model(model, quantize)
-        if notice is not None:
-            notice(summary.notice())
-    scan, why = choose_scan(model, model_cfg.scan_layers, xla=xla)
-    if why is not None and notice is not None:
-        notice(why)
-    if train.gradient_checkpointing and not scan:
-        enable_gradient_checkpointing(model, xla=xla)
-    if lora is not None and lora.rank > 0:
-        model = apply_lora(model, lora, seed=train.seed)
-    if scan:  # after LoRA: the scanned layers hold the adapters
-        install_scan(model, remat=train.gradient_checkpointing)
-    return model
-
-
-def precision_notices(train: Any, hw: HardwareInfo) -> list[str]:
-    """What the run says about its precision on this hardware (bf16-mixed on a GPU without bf16)."""
-    if train.precision == "bf16-mixed" and hw.backend == "cuda" and not torch.cuda.is_bf16_supported():
-        return ["precision bf16-mixed: this GPU has no bf16; running fp32"]
-    return []
 
 
 def place(module: torch.nn.Module, mesh: Any, device: Any) -> Any:
@@ -559,6 +517,8 @@ def make_profiler(trainer: Trainer, *, prewarmed: bool) -> StepProfiler:
     # the mesh's devices, else one (a v5e-8 run without a mesh uses one chip)
     peak = trainer.hw.peak_bf16_flops_per_device
     devices = trainer.mesh_spec.num_devices if trainer.mesh_spec is not None else 1
+    if trainer.ranks is not None:
+        devices = trainer.ranks.world_size
     return StepProfiler(
         trainer.hw,
         flops_per_token=flops,
