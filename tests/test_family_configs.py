@@ -29,7 +29,7 @@ import pytest
 from bench.real_shapes import make_checkpoint, real_config
 from tests.conftest import REPO
 from tests.test_cli import _plain_env
-from workbench.analysis.estimate import MemoryEstimate, estimate, estimate_attention
+from workbench.analysis.estimate import MemoryEstimate, config_settings, estimate, estimate_attention
 from workbench.analysis.shape import model_shape
 from workbench.backend.targets import TARGETS
 from workbench.config import WorkbenchConfig, load_config
@@ -98,17 +98,10 @@ def _estimate(cfg: WorkbenchConfig, target: str, **changes) -> MemoryEstimate:
     chip = TARGETS[target]
     mesh = MeshSpec.from_config(cfg.mesh).resolve(chip.num_devices) if cfg.mesh.enabled else None
     settings = dict(
+        config_settings(cfg),
         batch_size=cfg.train.batch_size,
         seq_len=cfg.data.max_length,
-        optimizer=cfg.train.optimizer,
-        precision=cfg.train.precision,
-        gradient_checkpointing=cfg.train.gradient_checkpointing,
         mesh=mesh,
-        grad_accum=cfg.train.grad_accum,
-        lora_rank=cfg.lora.rank,
-        lora_targets=cfg.lora.target_modules,
-        quantize=cfg.model.quantize,
-        loss_chunk_tokens=cfg.train.loss_chunk_tokens,
         memory_bytes=chip.memory_per_device_bytes,
         # the kernel model.attention runs there: flash on a TPU (chunked for Gemma 2's softcap)
         attention=estimate_attention(

@@ -56,8 +56,8 @@ from widgets.config_figures import (
     yaml_readout,
 )
 from workbench.analysis.batch import max_batch_size
+from workbench.analysis.estimate import config_settings, estimate_attention
 from workbench.analysis.estimate import estimate as estimate_memory
-from workbench.analysis.estimate import estimate_attention, preference_reference
 from workbench.backend.hardware import HardwareInfo
 from workbench.backend.targets import TARGETS, Target, mesh_factorisations, resolve_target, training_devices
 from workbench.config import ConfigError, TrainConfig, WorkbenchConfig
@@ -340,16 +340,8 @@ class ConfigPanel:
 
     def _estimate_kwargs(self, cfg: WorkbenchConfig) -> dict[str, Any]:
         return dict(
-            optimizer=cfg.train.optimizer,
-            precision=cfg.train.precision,
-            gradient_checkpointing=cfg.train.gradient_checkpointing,
+            config_settings(cfg),
             mesh=dict(zip(("data", "fsdp", "model"), self.mesh.value)),
-            grad_accum=cfg.train.grad_accum,
-            lora_rank=cfg.lora.rank,
-            lora_targets=cfg.lora.target_modules,
-            quantize=cfg.model.quantize,
-            loss_chunk_tokens=cfg.train.loss_chunk_tokens,
-            preference=preference_reference(cfg),
             attention=estimate_attention(
                 cfg.model.attention, self.target, seq_len=cfg.data.max_length, model_config=cfg.model
             ),

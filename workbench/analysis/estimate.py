@@ -121,6 +121,24 @@ def preference_reference(cfg: Any) -> str | None:
     return "adapters_off" if cfg.lora.rank else "copy"
 
 
+def config_settings(cfg: Any) -> dict[str, Any]:
+    """`estimate`'s arguments as a `WorkbenchConfig` sets them (optimizer, precision, checkpointing,
+    accumulation, LoRA, quantization, loss chunks, the DPO reference); the batch, the length, the mesh,
+    the device's memory and the attention kernel its hardware runs are the caller's."""
+    train = cfg.train
+    return dict(
+        optimizer=train.optimizer,
+        precision=train.precision,
+        gradient_checkpointing=train.gradient_checkpointing,
+        grad_accum=train.grad_accum,
+        lora_rank=cfg.lora.rank,
+        lora_targets=cfg.lora.target_modules,
+        quantize=cfg.model.quantize,
+        loss_chunk_tokens=train.loss_chunk_tokens,
+        preference=preference_reference(cfg),
+    )
+
+
 BREAKDOWN_MEANINGS: dict[str, str] = {
     "params": "the weights (a quantized base at its integer bytes and scales) and the LoRA adapters",
     "grads": "gradients of the trainable weights",
