@@ -36,3 +36,36 @@ def test_estimated_optimizer_state_is_what_the_built_optimizer_creates(optimizer
         if isinstance(value, torch.Tensor) and value.dim() > 0  # not the scalar step counters
     )
     assert elements == optimizer_state_elements(model_shape(model), optimizer)
+
+
+def test_the_update_runs_a_list_at_a_time_on_cuda_only():
+    from types import SimpleNamespace
+
+    from workbench.train.optim import use_foreach
+
+    def on(*devices: str) -> list[dict]:
+        return [{"params": [SimpleNamespace(device=torch.device(d)) for d in devices]}]
+
+    assert use_foreach(on("cuda:0", "cuda:0"))
+    assert not use_foreach(on("cpu")) and not use_foreach(on("cuda:0", "cpu")) and not use_foreach(on())
+    # XLA tensors report device type 'xla': the per-parameter loop, traced into the step's program
+    assert not use_foreach(on("xla:0"))
+    model = torch.nn.Linear(4, 4)
+    built = build_optimizer(model, WorkbenchConfig().train)
+    assert built.param_groups[0]["foreach"] is False  # the CPU: the loop the bitwise tests compare
+
+
+def test_a_resume_keeps_how_this_hardware_runs_the_update():
+    from workbench.train.optim import load_optimizer_state
+
+    train = WorkbenchConfig().with_overrides({"train.learning_rate": 0.01}).train
+    model = torch.nn.Linear(4, 4)
+    written = build_optimizer(model, train)  # as a CUDA run wrote it: a list at a time
+    init_optimizer_state(written)
+    saved = written.state_dict()
+    for group in saved["param_groups"]:
+        group["foreach"], group["lr"] = True, 0.5
+    resumed = build_optimizer(model, train)
+    init_optimizer_state(resumed)
+    load_optimizer_state(resumed, saved)
+    assert all(g["foreach"] is False and g["lr"] == 0.5 for g in resumed.param_groups)
