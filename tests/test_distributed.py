@@ -838,6 +838,39 @@ def test_a_precomputed_dpo_reference_is_every_pairs_own_on_every_rank(tmp_path):
     assert len(set(columns[None][0])) > 1  # distinct pairs, distinct figures: a mix-up would show
 
 
+def test_the_global_batch_must_split_over_the_ranks():
+    from workbench.config import WorkbenchConfig
+    from workbench.train.ranks import check_global_batch
+
+    cfg = WorkbenchConfig().with_overrides({"train.batch_size": 6})
+    with pytest.raises(
+        RankMeshError, match=r"train.batch_size=6 is the global batch.*multiple of 4.*4 ranks"
+    ):
+        check_global_batch(cfg, RankMesh(data=2, fsdp=2))
+    check_global_batch(cfg, RankMesh(data=1, fsdp=2))  # 3 rows a rank
+    # a token budget sizes each bucket's batch in multiples of the ranks itself
+    check_global_batch(cfg.with_overrides({"bucketing.tokens_per_batch": 512}), RankMesh(data=2, fsdp=2))
+
+
+@pytest.mark.slow
+def test_fsdp2_ranks_start_from_rank_0s_weights(tmp_path):
+    """FSDP2 shards what each rank holds (DDP would broadcast rank 0's): ranks that built different
+    weights (an unseeded initialisation) train one model only after `wrap` makes them rank 0's."""
+    launches = {
+        name: Launch(
+            torchrun(n, "-m", "tests.dist.same_start", str(tmp_path / f"{name}.json"), *mesh),
+            tmp_path / name,
+            dist_env(),
+        )
+        for name, n, mesh in (("fsdp", 2, ("1", "2")), ("hsdp", 4, ("2", "2")))
+    }
+    for name, done in zip(launches, run_together(*launches.values())):
+        succeeded(done, f"the {name} launch")
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        assert result["strategy"] == name and result["parameters"] > 0
+        assert result["mismatched"] == [[]] * len(result["mismatched"]), result
+
+
 @pytest.fixture
 def one_rank_group() -> Iterator[Any]:
     """A process group of this process alone (gloo) and its 1-D mesh: DTensors without launching."""

@@ -125,10 +125,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def mixed_precision(precision: str) -> Any:
+def mixed_precision(precision: str, device: torch.device) -> Any:
     """FSDP2's policy for ``train.precision``: bf16 gathers with fp32 gradient reduction under
-    'bf16-mixed'; None (the parameters' own dtype) otherwise."""
+    'bf16-mixed'; None (the parameters' own dtype) otherwise, and on a GPU without bf16, where the
+    run trains in fp32 (`workbench.train.model_setup.precision_notices` says so)."""
     if precision != "bf16-mixed":
+        return None
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -149,19 +152,33 @@ def wrap(
         return DistributedDataParallel(step, device_ids=ids, broadcast_buffers=False)
     from torch.distributed.fsdp import fully_shard
 
+    same_start(step)
+
     kwargs: dict[str, Any] = {"mesh": mesh}
     # a quantized base's integer weights (`model.quantize`) stay whole on every rank: FSDP2 shards and
     # gathers floating-point parameters only
     integer = {p for p in step.parameters() if not p.is_floating_point()}
     if integer:
         kwargs["ignored_params"] = integer
-    policy = mixed_precision(precision)
+    policy = mixed_precision(precision, device)
     if policy is not None:
         kwargs["mp_policy"] = policy
     for layer in decoder_layers(step.model):  # one all-gather per layer, freed after its backward
         fully_shard(layer, **kwargs)
     fully_shard(step, **kwargs)  # the rest: embeddings, final norm, head (tied or not), objective
     return step
+
+
+def same_start(module: nn.Module) -> None:
+    """Every rank's parameters and buffers set to rank 0's. DDP does this when it wraps; FSDP2 shards
+    whatever each rank holds, so a weight initialised from an unseeded generator (or a checkpoint
+    read differently) would start as a different matrix on each rank, and HSDP's replicas would
+    train apart for good."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src=0)
 
 
 def sync_gradients(wrapped: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:

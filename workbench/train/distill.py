@@ -142,6 +142,7 @@ class DistillationObjective(torch.nn.Module):
         *,
         chunking: LossChunking | None = None,
         notice: Notice | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         self.settings = settings or DistillSettings()
@@ -157,7 +158,9 @@ class DistillationObjective(torch.nn.Module):
         object.__setattr__(self, "teacher", freeze(teacher))
         self.projection: torch.nn.Linear | None = None
         if self.settings.hidden_weight > 0:
-            self.projection = torch.nn.Linear(_hidden_size(student), _hidden_size(teacher), bias=False)
+            with torch.random.fork_rng(devices=[]):  # the same start in every run and on every rank
+                torch.manual_seed(seed)
+                self.projection = torch.nn.Linear(_hidden_size(student), _hidden_size(teacher), bias=False)
 
     def train(self, mode: bool = True) -> DistillationObjective:
         super().train(mode)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from workbench.backend import process_group
 from workbench.model_dirs import BASE_MODEL_FILE
 from workbench.models.layer_stack import layer_weights_attached, per_layer_parameters
 from workbench.models.quantize import QuantizedLinear, logical_parameter_count, quantized_layers
@@ -411,6 +412,8 @@ def save_model(
             base_of(model).save_pretrained(str(path), state_dict=state)
     if tokenizer is not None and write:
         tokenizer.save_pretrained(str(path))
+    if process_group.current() is not None:  # under torchrun: no rank reads it before the writer is done
+        process_group.barrier()
     return path
 
 

@@ -30,6 +30,7 @@ import torch
 from workbench.backend import process_group
 from workbench.backend.hardware import HardwareError, HardwareInfo
 from workbench.parallel import torch_parallel
+from workbench.parallel.mesh import batch_size_problem
 from workbench.parallel.torch_parallel import ObjectiveStep, RankMesh
 from workbench.units import duration_or_none
 
@@ -49,6 +50,21 @@ def take_rows(
     per = rows // ranks
     window = slice(rank * per, (rank + 1) * per)
     return {k: v[window] if v.dim() and v.shape[0] == rows else v for k, v in batch.items()}
+
+
+def check_global_batch(cfg: Any, layout: RankMesh) -> None:
+    """`RankMeshError` when ``train.batch_size`` does not split into equal shares for the ranks: the
+    sampler would round each batch down to a multiple of the rank count and train on fewer rows than
+    the config says. (A ``bucketing.tokens_per_batch`` plan sizes its batches in multiples of the
+    rank count itself.)"""
+    if cfg.bucketing.tokens_per_batch is not None:
+        return
+    problem = batch_size_problem(int(cfg.train.batch_size), {"data": layout.data, "fsdp": layout.fsdp})
+    if problem is not None:
+        raise torch_parallel.RankMeshError(
+            f"train.batch_size={cfg.train.batch_size} is the global batch, {problem}: each of the "
+            f"{layout.world_size} ranks takes an equal share of every batch"
+        )
 
 
 def refuse_lone_xla_ranks(hw: HardwareInfo) -> None:
@@ -93,6 +109,7 @@ class RankTraining:
             return None
         process_group.agree(cfg.to_dict())  # before anything collective depends on it
         layout = torch_parallel.rank_mesh(cfg.mesh, group.world_size)
+        check_global_batch(cfg, layout)
         device = torch.device("cuda", group.local_rank) if hw.backend == "cuda" else torch.device("cpu")
         ranks = cls(group, layout, device, cfg.train.precision)
         ranks.mesh = torch_parallel.device_mesh(layout, device.type)

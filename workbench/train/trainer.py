@@ -496,7 +496,7 @@ def build_objective(trainer: Trainer, teacher: torch.nn.Module | None) -> torch.
         return CausalLMObjective(chunking, notice=trainer._notice).to(device)
     settings = DistillSettings(train.distill_alpha, train.distill_temperature, train.distill_hidden_weight)
     objective = DistillationObjective(
-        no_kv_cache(teacher), model, settings, chunking=chunking, notice=trainer._notice
+        no_kv_cache(teacher), model, settings, chunking=chunking, notice=trainer._notice, seed=train.seed
     )
     if train.precision == "bf16":
         teacher.to(torch.bfloat16)
