@@ -72,7 +72,7 @@ def run_train_command(args: argparse.Namespace) -> int:
     if getattr(args, "nproc", None) is not None:
         from workbench.launch import launch
 
-        return launch(args.nproc, getattr(args, "argv", None) or sys.argv[1:])
+        return launch(args.nproc, _command_line(args))
     try:
         trainer, resume_step = _set_up(args)
     except KeyboardInterrupt:
@@ -137,7 +137,7 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
     if hw.backend == "cuda":
         from workbench.launch import gpu_notice
 
-        notice = gpu_notice(hw.local_devices, getattr(args, "argv", None) or sys.argv[1:])
+        notice = gpu_notice(hw.local_devices, _command_line(args))
         if notice is not None:
             multihost.print_on_main(f"notice: {notice}", file=sys.stderr)
     train_ds, eval_ds, tokenizer = build_datasets(cfg)
@@ -159,6 +159,11 @@ def _header(args: argparse.Namespace, cfg: WorkbenchConfig, hw: Any) -> str:
         where += f", {hw.num_processes} processes"
     checkpoints = f", checkpoints in {cfg.train.checkpoint_dir}" if cfg.train.checkpoint_dir else ""
     return f"train: {source} on {where}: {cfg.train.steps} steps{checkpoints}"
+
+
+def _command_line(args: argparse.Namespace) -> list[str]:
+    """The arguments after ``python -m workbench`` (what each rank of a launch runs again)."""
+    return getattr(args, "argv", None) or sys.argv[1:]
 
 
 def _quiet_datasets() -> None:

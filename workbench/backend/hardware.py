@@ -315,16 +315,15 @@ def _detect_cuda() -> HardwareInfo:
     chip = normalise_chip(kind)
     _, peak = _per_device(CHIPS.get(chip))
     count = torch.cuda.device_count()
-    world_env = os.environ.get("WORLD_SIZE", "").strip()
-    world = int(world_env) if world_env else 1
+    world = launched_world_size()
     return HardwareInfo(
         backend="cuda",
         via_xla=False,
         device_kind=kind,
         chip=chip,
-        num_devices=world if world_env else count,
+        num_devices=world or count,
         local_devices=count,
-        num_processes=world,
+        num_processes=world or 1,
         process_index=int(os.environ.get("RANK", "0")),
         memory_per_device_bytes=int(torch.cuda.get_device_properties(0).total_memory),
         peak_bf16_flops_per_device=peak,
@@ -333,19 +332,25 @@ def _detect_cuda() -> HardwareInfo:
     )
 
 
+def launched_world_size() -> int | None:
+    """``WORLD_SIZE`` from a launcher that starts one process per device (torchrun, torch.distributed);
+    None without one."""
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    return int(world) if world else None
+
+
 def _detect_cpu() -> HardwareInfo:
     """Plain CPU: one device per process; under torchrun (``WORLD_SIZE``) one per rank."""
-    world_env = os.environ.get("WORLD_SIZE", "").strip()
-    world = int(world_env) if world_env else 1
+    world = launched_world_size()
     return HardwareInfo(
         backend="cpu",
         via_xla=False,
         device_kind="CPU",
         chip="cpu",
-        num_devices=world,
+        num_devices=world or 1,
         local_devices=1,
-        num_processes=world,
-        process_index=int(os.environ.get("RANK", "0")) if world_env else 0,
+        num_processes=world or 1,
+        process_index=int(os.environ.get("RANK", "0")) if world else 0,
         memory_per_device_bytes=None,
         peak_bf16_flops_per_device=None,
         host_memory_bytes=host_memory_bytes(),

@@ -385,17 +385,17 @@ def save_model(
     Under torchrun every rank calls it (an FSDP2 model's shards are gathered) and only the one with
     `write` writes."""
     path = Path(path)
+    if write:
+        path.mkdir(parents=True, exist_ok=True)
     if is_lora(model) and not merged:
         adapters = host_tensors(trainable_parameters(model))
         if write:
-            path.mkdir(parents=True, exist_ok=True)
             model.save_pretrained(str(path), state_dict=adapters, save_embedding_layers=False)
             (path / BASE_MODEL_FILE).write_text(json.dumps(base_model_identity(model), indent=1))
     elif quantized_layers(base_of(model)):
         modes = sorted({layer.mode for layer in quantized_layers(base_of(model)).values()})
         state = dequantized_state_dict(model)
         if write:
-            path.mkdir(parents=True, exist_ok=True)
             base_of(model).save_pretrained(str(path), state_dict=state)
             _set_config_dtype(path, MERGED_DTYPE)
             warnings.warn(
@@ -408,7 +408,6 @@ def save_model(
     else:
         state = merged_state_dict(model) if is_lora(model) else host_tensors(dict(model.state_dict()))
         if write:
-            path.mkdir(parents=True, exist_ok=True)
             base_of(model).save_pretrained(str(path), state_dict=state)
     if tokenizer is not None and write:
         tokenizer.save_pretrained(str(path))
