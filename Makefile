@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 EXTRAS := xla-cpu,notebook,dev
 
-.PHONY: demo test lint venv bench browser-deps clean
+.PHONY: demo test lint docs venv bench browser-deps clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,11 @@ lint: venv
 
 test: venv browser-deps lint
 	$(VENV)/bin/pytest -q
+
+# The docs site (Sphinx + MyST): warnings are errors and every reference must resolve (-n).
+# `make test` builds it too (tests/test_docs.py).
+docs: venv
+	$(VENV)/bin/sphinx-build -W --keep-going -n -b html docs build/docs
 
 demo: venv
 	$(PY) -m workbench demo

@@ -9,7 +9,7 @@ Bytes are what each device sends with the ring algorithm, after TPU's XLA would 
 all-reduce + slice into a reduce-scatter (XLA:CPU's own figure, without that rewrite, is printed
 as ``cpu``).
 
-Then, as text for the README: the report of the tiny step on a v5e-8 (the 8-device HLO priced
+Then, as text for docs/how-to/sharding.md: the report of the tiny step on a v5e-8 (the 8-device HLO priced
 with v5e's bandwidth), the analytic figures of a real shape (Qwen2.5-0.5B) on a v5e-8, and
 `plan_mesh` for Qwen2.5-0.5B on a v4-32, LoRA and full. Writes bench/results/communication.json.
 """

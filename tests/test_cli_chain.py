@@ -1,4 +1,4 @@
-"""The README's chain, as a user types it, on XLA:CPU: train (LoRA) -> eval -> generate -> train again
+"""The chain the README and docs/how-to/exporting.md show, as a user types it, on XLA:CPU: train (LoRA) -> eval -> generate -> train again
 from the adapter, each a real ``python -m workbench`` process whose exit code and output are checked.
 
 The base is a tiny llama saved with its tokenizer beside it (what a user downloads): no command

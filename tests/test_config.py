@@ -186,7 +186,7 @@ def test_lora_section_defaults_overrides_and_round_trip(tmp_path: Path) -> None:
 
 
 def test_the_8b_recipe_fits_one_v5e_chip_by_the_estimate():
-    # configs/lora-8b-v5e-1.yaml on a Llama-3.1-8B checkpoint: what the README promises a Colab user
+    # configs/lora-8b-v5e-1.yaml on a Llama-3.1-8B checkpoint: what docs/tutorials/colab-v5e-1.md promises a Colab user
     from workbench.analysis.batch import max_batch_size
     from workbench.analysis.estimate import estimate
     from workbench.models.presets import MODEL_PRESETS
