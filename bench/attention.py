@@ -86,9 +86,9 @@ def measure(seq_len: int, kernel: str, steps: int) -> dict:
     from workbench.config import ModelConfig
     from workbench.units import MiB
 
-    cfg = ModelConfig(**SHAPE, max_position_embeddings=max(4096, seq_len))
-    compiled = compiled_step_memory(cfg, batch_size=1, seq_len=seq_len, attention=kernel, steps=2)
-    est = estimate(cfg, batch_size=1, seq_len=seq_len, precision="fp32", attention=kernel)
+    cfg = ModelConfig(**SHAPE, max_position_embeddings=max(4096, seq_len), attention=kernel)
+    compiled = compiled_step_memory(cfg, batch_size=1, seq_len=seq_len, steps=2)
+    est = estimate(cfg, batch_size=1, seq_len=seq_len, precision="fp32")
     times = step_seconds(cfg, kernel=kernel, seq_len=seq_len, steps=steps)
     return {
         "seq_len": seq_len,

@@ -18,6 +18,7 @@ ALLOWED = {
     "model_dirs": set(),
     "config_parse": set(),
     "config": {"units", "config_parse", "models.families"},
+    "config_reference": {"units", "config_parse", "config", "models.families"},  # the config layer's own
     "backend": {"units", "config"},
     "models": {"units", "config", "backend"},
     "parallel": {"units", "config", "backend", "models"},

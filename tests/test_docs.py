@@ -5,6 +5,7 @@ on a screen (10 KB)."""
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,60 @@ def broken_links(page: Path, root: Path = REPO) -> list[str]:
         elif anchor and target.suffix == ".md" and anchor not in anchors(target):
             broken.append(f"{page.relative_to(root)}: {link} (no heading #{anchor} in {target.name})")
     return broken
+
+
+def shell_blocks(text: str) -> list[str]:
+    """The contents of the ```bash blocks of a page."""
+    blocks, block, language = [], None, ""
+    for line in text.splitlines():
+        if line.startswith("```") and block is None:
+            block, language = [], line[3:].strip()
+        elif line.startswith("```"):
+            if language in ("bash", "sh"):
+                blocks.append("\n".join(block))
+            block = None
+        elif block is not None:
+            block.append(line)
+    return blocks
+
+
+def workbench_commands(page: Path) -> list[list[str]]:
+    """The arguments of every ``python -m workbench`` (or torchrun ``-m workbench``) command in a page's
+    shell blocks, continuation lines joined, environment variables and comments left out."""
+    found = []
+    for block in shell_blocks(page.read_text()):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            while words and re.match(r"^[A-Z_]+=", words[0]):
+                words = words[1:]
+            if words[:3] == ["python", "-m", "workbench"]:
+                found.append(words[3:])
+            elif words[:1] == ["torchrun"] and words[words.index("-m") + 1 : words.index("-m") + 2] == [
+                "workbench"
+            ]:
+                found.append(words[words.index("-m") + 2 :])
+    return found
+
+
+def test_every_command_the_pages_show_parses_and_its_config_loads():
+    """What a reader copies must run: each command is parsed by the CLI's own parser, and its
+    ``--config`` file and KEY=VALUE overrides load (known keys, allowed values)."""
+    from workbench.__main__ import parse_args
+    from workbench.config import load_config
+
+    failures, seen = [], 0
+    for page in [README, *sorted(DOCS.rglob("*.md"))]:
+        for argv in workbench_commands(page):
+            seen += 1
+            try:
+                args = parse_args(argv)
+                if getattr(args, "overrides", None) is not None:
+                    config = getattr(args, "config", None)
+                    load_config(REPO / config if config else None, args.overrides)
+            except (SystemExit, Exception) as err:  # argparse exits; a bad override raises ConfigError
+                failures.append(f"{page.relative_to(REPO)}: {shlex.join(argv)}: {type(err).__name__} {err}")
+    assert seen >= 30, seen
+    assert not failures, "\n".join(failures)
 
 
 def test_the_docs_build_with_no_warning_and_every_link_and_reference_resolved(tmp_path):

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {info,doctor,smoke,demo,generate,eval,train}``."""
+"""Command line: ``python -m workbench {info,doctor,config,smoke,demo,generate,eval,train}``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; `parse_args` applies it."""
+    from workbench.config_command import add_config_arguments
     from workbench.doctor.command import add_doctor_arguments
     from workbench.eval_command import add_eval_arguments
     from workbench.run import add_train_arguments
@@ -24,6 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
             help="preflight: versions, a TPU held by another process, storage and memory; exit 1 on a fail",
             description="Check this session before training; exit 0 ready (warnings allowed), 1 a check "
             "failed, 2 the config cannot be read.",
+        )
+    )
+    add_config_arguments(
+        sub.add_parser(
+            "config",
+            help="the resolved config, each value with its source (default, file, override), or one key explained",
+            description="Print the config --config FILE with KEY=VALUE overrides resolves to, each value with "
+            "where it came from, or with --explain KEY one key's type, default, allowed values and meaning; "
+            "exit 0 done, 2 bad config, override or key.",
         )
     )
     smoke = sub.add_parser("smoke", help="train a tiny causal LM for a few steps; non-zero exit on failure")
@@ -84,10 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse `argv`; ``train``, ``eval`` and ``doctor`` take KEY=VALUE overrides before, between or after their options."""
+    """Parse `argv`; ``train``, ``eval``, ``doctor`` and ``config`` take KEY=VALUE overrides before, between or after their options."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command in ("train", "doctor", "eval") and not any(a.startswith("-") for a in extra):
+    if args.command in ("train", "doctor", "eval", "config") and not any(a.startswith("-") for a in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -105,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             from workbench.doctor.command import run_doctor_command
 
             return run_doctor_command(args)
+        if args.command == "config":
+            from workbench.config_command import run_config_command
+
+            return run_config_command(args)
         if args.command == "info":
             print(_info(detect(args.device_type), as_json=args.json))
             return 0

@@ -152,7 +152,7 @@ class MeshConfig:
     model: int = 1
     """Tensor-parallel degree."""
     enabled: bool = False
-    """Use SPMD sharding at all; False runs on one device (or plain data parallel off-XLA)."""
+    """On XLA, use SPMD sharding over `data` x `fsdp` x `model` at all; False runs on one XLA device. Torchrun's processes (`train --nproc N` on GPUs or CPU ranks) always split as `data` x `fsdp`, whatever this says."""
     num_slices: int = 1
     """TPU slices joined over the data-centre network (multi-slice); the data axis spans them."""
 
@@ -172,11 +172,11 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     """Cosine schedule floor as a fraction of the peak learning rate."""
     warmup_steps: int = 5
-    """Linear warm-up steps."""
+    """Steps of linear warm-up to `learning_rate`, before the cosine decay to `min_lr_ratio` of it."""
     weight_decay: float = 0.0
-    """Decoupled weight decay."""
+    """Decoupled weight decay (as AdamW's), on every weight except biases and norm weights."""
     optimizer: Literal["adamw", "adafactor", "sgd"] = "adamw"
-    """Optimizer."""
+    """Optimizer (`workbench.train.optim`): 'adamw' (torch's AdamW, betas 0.9/0.95: two moments per weight), 'adafactor' (factored second moments, far less state; it follows the schedule's learning rate instead of its own relative step) or 'sgd' (momentum 0.9: one buffer per weight)."""
     precision: Literal["bf16-mixed", "bf16", "fp32"] = "fp32"
     """'bf16-mixed': fp32 weights with bf16 autocast; 'bf16': bf16 weights; 'fp32': no reduced precision."""
     gradient_checkpointing: bool = False

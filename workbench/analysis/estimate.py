@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from workbench.analysis.shape import ModelShape, model_shape, quantized_matrices
+from workbench.config import ModelConfig
 from workbench.models.lm_head import logits_bytes, loss_chunk_length
 from workbench.models.quantize import QUANTIZE_MODES, quantized_weight_bytes
 
@@ -400,7 +401,7 @@ def estimate(
     attention: str | None = None,
     lora_rank: int = 0,
     lora_targets: str | Sequence[str] = "auto",
-    quantize: str = "none",
+    quantize: str | None = None,
     loss_chunk_tokens: int | str = "auto",
     memory_bytes: int | None = None,
     preference: str | None = None,
@@ -411,13 +412,16 @@ def estimate(
     workbench `ModelConfig`. `batch_size`: the global micro-batch, split over the mesh's
     data x fsdp axes. `mesh`: a resolved `MeshSpec` (or a dict of axis sizes); None is one device.
     `attention` (`ATTENTIONS`): 'eager' saves every layer's scores; 'chunked' holds one query block's
-    (`attention_transient_elements_per_token`); 'flash' and 'sdpa' none; default: what the config says.
+    (`attention_transient_elements_per_token`); 'flash' and 'sdpa' none; default: what the config says
+    (a `ModelConfig`'s ``attention`` when it names a kernel; under 'auto' the transformers config's
+    own, eager unless set: resolve 'auto' for a device with `estimate_attention`).
     `lora_rank` > 0: LoRA fine-tuning (`workbench.train.lora`) of `lora_targets` (see
     `lora_adapter_shapes`): the frozen base weights have no gradients and no optimizer state;
     the adapters (fp32, as peft keeps them, replicated on every device) have weights, gradients
     and optimizer state. Activations are counted as for full fine-tuning: the backward pass still
     runs through every layer (the adapters' own rank-sized activations are left out).
-    `quantize` ('int8' or 'int4', ``model.quantize``; needs `lora_rank`): the frozen base's
+    `quantize` ('int8' or 'int4', ``model.quantize``; needs `lora_rank`; default: a `ModelConfig`'s
+    own ``quantize``, else 'none'): the frozen base's
     linears (`quantized_matrices`) are held as integers and scales (`quantized_weight_bytes`),
     with no autocast copies; int4 adds ``dequant``, the largest quantized weight dequantized to
     the compute precision (int8 scales the matmul's output and dequantizes nothing).
@@ -457,6 +461,8 @@ def estimate(
     tokens = rows * seq_len
     n = shape.num_parameters
 
+    if quantize is None:
+        quantize = model_config.quantize if isinstance(model_config, ModelConfig) else "none"
     if quantize not in QUANTIZE_MODES:
         raise ValueError(
             f"quantize={quantize!r} is not allowed: one of {', '.join(map(repr, QUANTIZE_MODES))}"

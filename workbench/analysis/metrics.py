@@ -26,37 +26,58 @@ class IntervalMetrics(TypedDict):
     """One log interval, as `StepProfiler.step` measures it (host-side counters and one loss read)."""
 
     step: int
+    """The optimizer step the interval ends at (counted across resumes)."""
     loss: float | None
+    """Training loss of the log step, as the objective averages it (over tokens for SFT)."""
     lr: float | None
+    """The learning rate the log step applied."""
     step_time_s: float
+    """Mean wall-clock seconds per step over the interval."""
     tokens_per_s: float
+    """Real (unpadded) tokens trained per second over the interval."""
     mfu: float | None
+    """Model FLOPs utilisation: achieved training FLOPs over the devices' peak (`workbench.analysis.flops`); None where the peak is unknown."""
     compiles: int
     """Programs compiled during the interval."""
     compile_time_s: float
+    """Seconds spent compiling during the interval."""
     total_compiles: int
+    """Programs compiled in this process so far, warm-up included (torch_xla's counter; 0 off XLA)."""
     recompiled: bool
     """A compile after warm-up happened in the interval."""
     transfers: int
     """Device-to-host transfers the loop made in the interval (the profiler's own reads excluded)."""
     host_rss_bytes: int
+    """Resident memory of this host process."""
     device_memory_bytes: int | None
+    """Device memory in use at the log step, as the backend reports it (None where it reports none, as XLA:CPU)."""
     device_memory_limit_bytes: int | None
+    """Memory of one device, from the backend or the chip table (None where unknown)."""
     tokens_seen: int
+    """Real tokens trained since the run began (across resumes)."""
     elapsed_s: float
+    """Seconds since the profiler started (this process's run)."""
     eval_loss: float | None
+    """Mean held-out loss per token, when an eval ran in the interval (`train.eval_every`)."""
     eval_perplexity: float | None
     """exp(eval_loss), when an eval ran in the interval."""
     steps_in_interval: int
+    """Optimizer steps in the interval."""
     interval_s: float
+    """Wall-clock seconds the interval took."""
     input_wait_s: float
+    """Seconds the loop waited for its next batches during the interval."""
     input_wait_fraction: float
+    """`input_wait_s` over `interval_s`: the share of the interval spent waiting on input."""
     compiled_program_bytes: int | None
+    """The largest compiled program's memory by the compiler's own analysis (the compile memory log; None where it is off or off-XLA)."""
     recompile_steps: list[int]
+    """Steps after warm-up at which a program compiled, during the interval."""
     recompile_causes: list[str]
     """Why each compile after warm-up happened, aligned with `recompile_steps`: the inputs whose
     shape or dtype changed and the Python frame that triggered it (`workbench.analysis.recompiles`)."""
     grad_norm: float | None
+    """Global gradient norm of the log step, before clipping (`train.max_grad_norm`)."""
     reward_accuracy: float | None
     """Preference tuning (``train.objective: dpo``): the log step's share of pairs whose chosen answer the
     policy rewards above the rejected one (reward = beta x (policy - reference) log-prob); None otherwise."""
@@ -82,7 +103,9 @@ class RunMetrics(IntervalMetrics):
     warmup_compiles: int
     """Programs compiled by the warm-up before the first step."""
     batch_size: int
+    """Sequences in one loaded batch, all devices together (`train.batch_size`, or what dynamic growth made it); an optimizer step takes `train.grad_accum` of them."""
     micro_batch: int
+    """Sequences per forward pass: `batch_size` divided by any OOM split."""
     grad_accum: int
     """Micro-steps per optimizer step (the configured accumulation times any OOM split)."""
     time_left_s: float | None

@@ -7,6 +7,11 @@ from torch_xla's compile log (`compile_log.enable_compile_log`,
 - `compiled_step_probe`: for a batch size, compile (not run) one training step of a fresh
   model and return its peak, or None when the log is off: the `compiled_bytes` probe with
   which `workbench.analysis.batch.find_batch_size` confirms its choice.
+
+Both build the model as a run of the `ModelConfig` would (`step_model`): its ``attention`` kernel
+('auto' resolved for this XLA device and the rows' length, as the trainer resolves it) and its
+``scan_layers``; a quantized base (``quantize``) trains only under LoRA, which these full
+fine-tuning steps are not, so it is refused rather than measured as something else.
 - `compiled_step_memory`: run real training steps (optionally FSDP-sharded) and return the
   largest step program's analysis (`CompiledStepMemory`); ``bench/memory.py`` sets it beside
   `workbench.analysis.estimate.estimate`.
@@ -31,8 +36,9 @@ def compiled_step_probe(
     cfg: Any, *, seq_len: int, gradient_checkpointing: bool = False, optimizer: str = "adamw", seed: int = 0
 ) -> Callable[[int], int | None]:
     """A `compiled_bytes` probe for `find_batch_size`: for a batch size, trace one training step of
-    a fresh model of `cfg` (a workbench `ModelConfig`) and compile it without running it
-    (``runtime.compile_only``), then return the compiler's per-device peak for that program.
+    a fresh model of `cfg` (a workbench `ModelConfig`, built by `step_model`: its attention kernel
+    and scan as a run would) and compile it without running it (``runtime.compile_only``), then
+    return the compiler's per-device peak for that program.
 
     Returns None for every size when the compile memory log is off (the backend reports nothing).
     The probe holds a second copy of the weights on the device while it compiles: for models
@@ -47,18 +53,16 @@ def compiled_step_probe(
         import torch
 
         from workbench.backend import compile_log, runtime
-        from workbench.models.build import build_model, enable_gradient_checkpointing
         from workbench.models.inputs import model_inputs
 
         if compile_log.compile_memory_log_path() is None:
             return None
         before = len(compile_log.compiled_memory_records())
         dev = runtime.device()
-        model = build_model(cfg, seed=seed).to(dev)
+        model = step_model(cfg, seq_len=seq_len, gradient_checkpointing=gradient_checkpointing, seed=seed)
+        model = model.to(dev)
         model.tie_weights()
         model.train()
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(model, xla=True)
         params = [p for p in model.parameters() if p.requires_grad]
         ids = torch.zeros((batch_size, seq_len), dtype=torch.long, device=dev)
         loss = model(**model_inputs({"input_ids": ids}, model), labels=ids).loss  # no host read
@@ -88,6 +92,49 @@ def compiled_step_probe(
     return probe
 
 
+def step_model(cfg: Any, *, seq_len: int, gradient_checkpointing: bool = False, seed: int = 0) -> Any:
+    """The model a full fine-tuning run of `cfg` (a workbench `ModelConfig`) trains on this XLA device,
+    on the host: built (`build_model`), with the kernel ``cfg.attention`` resolves to for rows of
+    `seq_len` tokens (as the trainer's `choose_attention` does; an explicit kernel that cannot run
+    here raises ValueError naming ``model.attention``), the decoder stack scanned where
+    ``cfg.scan_layers`` says so (`choose_scan`; the scan's rematerialisation is then the gradient
+    checkpointing), else `gradient_checkpointing` per layer. ``cfg.quantize`` other than 'none'
+    raises ValueError: a quantized base trains only under LoRA (trace the trainer's step with
+    `compiled_program_memory` for that, as tests/xla/memory_quantized.py does)."""
+    from workbench.backend import runtime
+    from workbench.models.attention_choice import (
+        has_attention_dropout,
+        has_softcap,
+        resolve_attention,
+        use_attention,
+    )
+    from workbench.models.build import build_model, enable_gradient_checkpointing
+    from workbench.models.scan import choose_scan, install_scan
+
+    if getattr(cfg, "quantize", "none") != "none":
+        raise ValueError(
+            f"model.quantize={cfg.quantize!r} is not allowed here: these probes measure a full fine-tuning "
+            "step, and a quantized base trains only under LoRA; use model.quantize=none, or trace the "
+            "trainer's LoRA step with compiled_program_memory"
+        )
+    model = build_model(cfg, seed=seed)
+    kernel, _ = resolve_attention(
+        getattr(cfg, "attention", "eager"),
+        device_type="xla",
+        is_tpu=runtime.runtime_summary().device_type == "TPU",
+        seq_len=seq_len,
+        softcap=has_softcap(model),
+        dropout=has_attention_dropout(model),
+    )
+    use_attention(model, kernel)
+    scan, _ = choose_scan(model, getattr(cfg, "scan_layers", False), xla=True)
+    if scan:
+        install_scan(model, remat=gradient_checkpointing)
+    elif gradient_checkpointing:
+        enable_gradient_checkpointing(model, xla=True)
+    return model
+
+
 @dataclass(frozen=True)
 class CompiledStepMemory:
     """The compiler's memory analysis of a real training step, next to the estimate."""
@@ -112,44 +159,39 @@ def compiled_step_memory(
     precision: str = "fp32",
     steps: int = 2,
     seed: int = 0,
-    attention: str = "eager",
 ) -> CompiledStepMemory:
-    """Build the model of `cfg` (a workbench `ModelConfig`), run `steps` real training steps on the
-    XLA device and return the compiler's analysis of the largest compiled step program.
+    """Build the model of `cfg` (a workbench `ModelConfig`, by `step_model`: the attention kernel
+    ``cfg.attention`` names, 'auto' resolved for this device and `seq_len`, and ``cfg.scan_layers``),
+    run `steps` real training steps on the XLA device and return the compiler's analysis of the
+    largest compiled step program.
 
     Needs the compile memory log (`compile_log.enable_compile_log`) on before the first compile;
     `fsdp` > 1 needs SPMD on (``runtime.use_spmd()`` before any XLA tensor) and shards every
     parameter's first dimension and the batch over an ``("fsdp",)`` mesh of that many devices.
     Precision is XLA:CPU's native fp32 unless `precision='bf16'` (weights cast to bf16).
-    `attention` is the kernel the model runs (`workbench.models.attention.use_attention`).
     """
     import torch
 
     from workbench.backend import compile_log, runtime
-    from workbench.models.attention_choice import use_attention
-    from workbench.models.build import build_model, enable_gradient_checkpointing
     from workbench.models.inputs import model_inputs
 
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(
+            f"precision={precision!r} is not allowed here: 'fp32' or 'bf16' (XLA:CPU has no autocast check)"
+        )
     if compile_log.compile_memory_log_path() is None:
         raise RuntimeError(
             "compiled_step_memory needs compile_log.enable_compile_log(path) before the first compile"
         )
     before = len(compile_log.compiled_memory_records())
     dev = runtime.device()
-    model = build_model(cfg, seed=seed)
-    use_attention(model, attention)
+    model = step_model(cfg, seq_len=seq_len, gradient_checkpointing=gradient_checkpointing, seed=seed)
     if precision == "bf16":
         model = model.to(torch.bfloat16)
-    elif precision != "fp32":
-        raise ValueError(
-            f"precision={precision!r} is not allowed here: 'fp32' or 'bf16' (XLA:CPU has no autocast check)"
-        )
     model = model.to(dev)
     # moving to an XLA device unties tied weights (new Parameters per module): tie them again
     model.tie_weights()
     model.train()
-    if gradient_checkpointing:
-        enable_gradient_checkpointing(model, xla=True)
     mesh = None
     if fsdp > 1:
         mesh = runtime.spmd_mesh(list(range(fsdp)), (fsdp,), ("fsdp",))

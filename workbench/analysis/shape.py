@@ -181,15 +181,23 @@ def model_shape(model_config: Any) -> ModelShape:
         norms_per_layer=family.norms_per_layer,
         qk_norm=family.qk_norm,
         fused_projections=family.fused_projections,
-        attention=_attention_of(config),
+        attention=_attention_of(model_config, config),
         num_parameters_override=real_params,
     )
 
 
-def _attention_of(config: Any) -> str:
-    """The estimate's name for the attention a config runs (its ``_attn_implementation``)."""
-    from workbench.models.attention_choice import kernel_of
+def _attention_of(model_config: Any, config: Any) -> str:
+    """The estimate's name for the attention `model_config` runs: a workbench `ModelConfig`'s
+    ``attention`` when it names a kernel ('auto' depends on the device and the rows: the caller's to
+    resolve, e.g. with `workbench.analysis.estimate.estimate_attention`), else the transformers
+    config's ``_attn_implementation``."""
+    from workbench.models.attention_choice import ATTENTION_KERNELS, kernel_of
 
+    setting = (
+        getattr(model_config, "attention", None) if type(model_config).__name__ == "ModelConfig" else None
+    )
+    if setting in ATTENTION_KERNELS and setting != "auto":
+        return str(setting)
     return kernel_of(getattr(config, "_attn_implementation", None))
 
 

@@ -66,7 +66,9 @@ def build_model(
 
     `attn_implementation` defaults to "eager", the implementation that lowers cleanly on XLA
     and honours 4-D attention masks (used by packing). The model comes with its KV cache off
-    (`no_kv_cache`): it is built for training.
+    (`no_kv_cache`): it is built for training. The fields that prepare a built model for a run
+    (``cfg.attention``, ``cfg.quantize``, ``cfg.scan_layers``) are applied after it, in their one
+    order, by `workbench.train.model_setup.prepare_model` (and `workbench.analysis.probe.step_model`).
     """
     import torch
     import transformers as tf

@@ -69,7 +69,15 @@ class RankMesh:
 
 def rank_mesh(mesh_cfg: Any, world_size: int) -> RankMesh:
     """`mesh_cfg` (``cfg.mesh``) over `world_size` ranks; `RankMeshError` spells out a product that
-    does not work, and refuses ``mesh.model > 1`` naming what is supported."""
+    does not work, and refuses ``mesh.model > 1`` and ``mesh.num_slices > 1`` naming what is
+    supported. ``mesh.enabled`` is not read: torchrun's ranks always split as data x fsdp."""
+    slices = int(getattr(mesh_cfg, "num_slices", 1))
+    if slices != 1:
+        raise RankMeshError(
+            f"mesh.num_slices={slices} is not supported across torchrun processes: slices are TPU slices "
+            "joined over the data-centre network (SPMD); under torchrun every process is one device of "
+            "one group: set mesh.num_slices=1"
+        )
     model = int(mesh_cfg.model)
     if model != 1:
         raise RankMeshError(
