@@ -265,7 +265,8 @@ def _names(node: ast.expr, loops: dict[str, tuple[str, ...]]) -> list[str] | Non
 
 def _render(node: ast.expr) -> str:
     """A ``require`` message as a reader sees it without a value: ``f"must be >= batch_size={obj.batch_size}"``
-    reads "must be >= batch_size"; any other interpolation reads "…"."""
+    reads "must be >= batch_size"; ``{', '.join(COLUMN_KEYS)}`` reads the module's names; an optional
+    part (``{... if close else ''}``) is left out; any other interpolation reads "…"."""
     if isinstance(node, ast.Constant):
         return str(node.value)
     if not isinstance(node, ast.JoinedStr):
@@ -277,11 +278,25 @@ def _render(node: ast.expr) -> str:
         elif isinstance(part, ast.FormattedValue):
             path = ast.unparse(part.value)
             field_name = path.split(".", 1)[1] if "." in path else path
+            joined = _joined_constant(part.value)
             if text.endswith(f"{field_name}=") or text.endswith(f"{field_name.split('.')[-1]}="):
                 text = text[:-1]  # "hidden_size={obj.hidden_size}" -> "hidden_size"
-            else:
+            elif joined is not None:
+                text += joined
+            elif not (isinstance(part.value, ast.IfExp) and _render(part.value.orelse) == ""):
                 text += "…"
     return text
+
+
+def _joined_constant(node: ast.expr) -> str | None:
+    """``', '.join(NAME)`` of a module-level tuple of strings, as its text; None for anything else."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"):
+        return None
+    separator = node.func.value
+    names = _constant_strings(node.args[0]) if len(node.args) == 1 else None
+    if isinstance(separator, ast.Constant) and isinstance(separator.value, str) and names is not None:
+        return separator.value.join(names)
+    return None
 
 
 __all__ = [
