@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from widgets.config_controls import TOOLTIP
 from widgets.config_panel import ConfigPanel, measure_redraw
 from workbench.analysis.estimate import estimate, model_shape
 from workbench.backend.hardware import CHIPS, HardwareInfo
@@ -185,6 +186,15 @@ def test_config_and_yaml_round_trip(panel):
     assert cfg.train.gradient_checkpointing and cfg.bucketing.max_buckets == 5
     assert WorkbenchConfig.from_yaml(panel.yaml).to_dict() == cfg.to_dict()
     assert "batch_size: 32" in panel.yaml_html.value
+
+
+def test_the_panel_builds_on_the_ipywidgets_it_finds(panel):
+    # ipywidgets 7.7 (Colab's, which its frontend draws) and 8 name a control's hover text
+    # differently; the YAML folds in plain HTML, which every widget manager draws.
+    hover = [getattr(control, TOOLTIP) for control in panel.memory_saving.widgets]
+    assert all("(model." in text or "(train." in text for text in hover), hover
+    assert panel.yaml_html.value.startswith("<details><summary>Config YAML</summary>")
+    assert panel.yaml_html in panel.widget.children
 
 
 def test_bad_names_are_refused(panel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 from pathlib import Path
 
@@ -25,6 +27,22 @@ def test_embedded_corpus_is_real_deterministic_text():
     assert len(data.embedded_corpus(max_chars=2000)) < len(corpus)
     with pytest.raises(ValueError, match="max_chars=10"):
         data.embedded_corpus(max_chars=10)
+
+
+def test_embedded_corpus_is_the_shipped_file_the_same_on_every_python(tmp_path):
+    from workbench.data import corpus as corpus_module
+
+    # what every Python reads (a hash, not this Python's docstrings), small enough to ship
+    joined = "\0".join(data.embedded_corpus()).encode("utf-8")
+    assert hashlib.sha256(joined).hexdigest() == corpus_module.EMBEDDED_CORPUS_SHA256
+    assert corpus_module.EMBEDDED_CORPUS.stat().st_size < 1_000_000
+    # the generator writes the same bytes for the same texts (no name or time in the gzip header)
+    again = tmp_path / "again.jsonl.gz"
+    count = corpus_module.generate_embedded_corpus(again)
+    assert count > 2500 and again.read_bytes()[:10] == corpus_module.EMBEDDED_CORPUS.read_bytes()[:10]
+    with gzip.open(again, "rt", encoding="utf-8") as handle:
+        first = json.loads(handle.readline())
+    assert first == corpus_module._shipped_sources()[0]  # pydoc's first topic, the same on 3.11-3.13
 
 
 # ---- the tokenizer ---------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from tests.conftest import REPO
 from widgets.doctor_view import STATUS_COLORS, doctor_html, doctor_view
 from workbench import WorkbenchConfig, doctor
 from workbench.doctor.checks import Check, DoctorError, DoctorReport
-from workbench.doctor.roots import DoctorRoots
+from workbench.doctor.roots import DoctorRoots, _pyproject_requirements
 from workbench.units import GB, GiB, MiB
 
 SELF_PID = 1
@@ -43,7 +43,7 @@ REQUIREMENTS = {
         "peft<1,>=0.21",
         "datasets>=2.20",
         'torch==2.9.0; extra == "xla-cpu"',
-        'ipywidgets>=8.1; extra == "widgets"',
+        'ipywidgets>=7.7; extra == "widgets"',
         'anywidget>=0.9; extra == "widgets"',
         'plotly>=5.20; extra == "widgets"',
         'ipykernel>=6.29; extra == "notebook"',
@@ -303,6 +303,108 @@ def test_a_libtpu_nightly_pin_names_where_its_wheels_are(tmp_path):
 def test_libtpu_does_not_matter_without_a_tpu(tmp_path):
     check = doctor(roots=_roots(tmp_path, versions={"libtpu": "0.0.1"})).check("libtpu")
     assert check.status == "ok" and "only a TPU needs it" in check.saw
+
+
+# The hosted TPU images' versions (Colab's pip-freeze.tpu.txt of 2026-08-19, Kaggle's tpu/config.txt of
+# 2026-08-12) with what `pip install "xla-workbench[widgets]"` adds (peft), and torch_xla's real
+# Requires-Dist (2.9.0 and 2.8.0 wheels' METADATA).
+COLAB_TPU = {
+    "torch": "2.9.0+cpu",
+    "torch_xla": "2.9.0",
+    "libtpu": "0.0.21.1",
+    "jax": "0.7.2",
+    "jaxlib": "0.7.2",
+    "transformers": "5.15.0",
+    "peft": "0.21.2",
+    "datasets": "4.8.5",
+    "ipykernel": "6.17.1",
+    "ipython": "7.34.0",
+    "notebook": "6.5.7",
+    "ipywidgets": "7.7.1",
+    "anywidget": "0.9.21",
+    "plotly": "5.24.1",
+}
+KAGGLE_TPU = {
+    **{k: v for k, v in COLAB_TPU.items() if k not in ("ipython", "notebook")},
+    "torch": "2.8.0+cpu",
+    "torch_xla": "2.8.0",
+    "libtpu": "0.0.17",
+    "jax": "0.6.2",
+    "jaxlib": "0.6.2",
+    "transformers": "5.12.1",
+}
+TORCH_XLA_REQUIRES = {
+    "2.9.0": ['libtpu==0.0.21; extra == "tpu"', 'tpu-info; extra == "tpu"', 'jax==0.7.1; extra == "pallas"'],
+    "2.8.0": ['libtpu==0.0.17; extra == "tpu"', 'tpu-info; extra == "tpu"', 'jax==0.6.2; extra == "pallas"'],
+}
+
+
+def _hosted_tpu_vm(tmp_path: Path, image: dict[str, str], folder: str) -> DoctorRoots:
+    """A hosted TPU VM: /dev/accel0, the platform's folder, the image's versions, the project's real pins."""
+    _tpu(tmp_path)
+    (tmp_path / "fs" / folder).mkdir(parents=True)
+    requirements = {
+        "xla-workbench": _pyproject_requirements(),
+        "torch_xla": TORCH_XLA_REQUIRES[image["torch_xla"]],
+    }
+    installed = {name: image.get(name) for name in {*VERSIONS, *image}}
+    return _roots(tmp_path, versions=installed, requirements=requirements)
+
+
+@pytest.mark.parametrize(("image", "folder"), [(COLAB_TPU, "content"), (KAGGLE_TPU, "kaggle/working")])
+def test_the_hosted_tpu_images_as_they_are_report_no_failure(tmp_path, image, folder):
+    report = doctor(roots=_hosted_tpu_vm(tmp_path, image, folder))
+    assert report.ok, report.table()
+    assert report.check("accelerator").status == "ok" and report.check("libtpu").status == "ok"
+    notebook = report.check("notebook libraries")
+    assert notebook.status == "ok" and "ipykernel 6.17.1" in notebook.saw and "left as it is" in notebook.saw
+
+
+def test_a_libtpu_hotfix_of_the_pinned_release_passes_and_another_release_fails(tmp_path):
+    hotfix = doctor(roots=_hosted_tpu_vm(tmp_path, COLAB_TPU, "content")).check("libtpu")
+    assert hotfix.status == "ok"
+    assert "libtpu 0.0.21.1: a hotfix of the libtpu==0.0.21 torch_xla 2.9.0 pins" in hotfix.saw
+    for other in ("0.0.22", "0.0.2", "0.0.211", "0.0.21.1rc1", "0.0.20.1"):
+        check = doctor(roots=_roots(tmp_path, versions={"libtpu": other})).check("libtpu")
+        assert check.status == "fail", other
+        assert "needs libtpu==0.0.21 or a 0.0.21.x hotfix of it" in check.saw
+        assert check.fix.startswith('pip install "libtpu==0.0.21"')
+    exact = doctor(roots=_roots(tmp_path, versions={"libtpu": "0.0.21"})).check("libtpu")
+    assert exact.status == "ok" and "what torch_xla 2.9.0 pins" in exact.saw
+
+
+def test_a_libtpu_range_pin_is_read_as_pip_reads_it(tmp_path):
+    _tpu(tmp_path)
+    requirements = {**REQUIREMENTS, "torch_xla": ['libtpu>=0.0.21,<0.0.23; extra == "tpu"']}
+    for version, status in (("0.0.22", "ok"), ("0.0.23.1", "fail"), ("0.0.20", "fail")):
+        roots = _roots(tmp_path, versions={"libtpu": version}, requirements=requirements)
+        check = doctor(roots=roots).check("libtpu")
+        assert check.status == status and "hotfix" not in check.saw, version
+
+
+@pytest.mark.parametrize(
+    ("jax", "torchax", "words"),
+    [
+        ("0.7.2", None, "jax 0.7.2 without torchax: scan under SPMD uses the workbench's plain backward"),
+        (None, None, "no jax: scan under SPMD uses the workbench's plain backward"),
+        (None, "0.0.13", "torchax 0.0.13 without jax: scan under SPMD uses"),
+        ("0.7.2", "0.0.13", "jax 0.7.2 with torchax 0.0.13: torch_xla 2.9.0's scan backward ties"),
+    ],
+)
+def test_the_scan_check_names_which_backward_a_mesh_runs(tmp_path, jax, torchax, words):
+    check = doctor(roots=_roots(tmp_path, versions={"jax": jax, "torchax": torchax})).check("scan on a mesh")
+    assert check.status == "ok" and words in check.saw and check.fix is None
+
+
+def test_a_hosted_runtime_checks_the_widgets_extra_and_never_its_kernel(tmp_path):
+    (tmp_path / "fs" / "content").mkdir(parents=True)
+    old_kernel = {"ipykernel": "6.17.1", "ipywidgets": "7.7.1", "anywidget": None}
+    hosted = doctor(roots=_roots(tmp_path, versions=old_kernel)).check("notebook libraries")
+    assert hosted.status == "warn" and hosted.fix == 'pip install "anywidget>=0.9"'
+    assert "ipykernel 6.17.1" in hosted.saw and "ipykernel>=" not in hosted.saw + hosted.fix
+    (tmp_path / "fs" / "content").rmdir()  # the same versions on a local machine: the notebook extra's pins
+    local = doctor(roots=_roots(tmp_path, versions=old_kernel)).check("notebook libraries")
+    assert local.status == "warn" and local.fix == 'pip install "ipykernel>=6.29" "anywidget>=0.9"'
 
 
 def test_libraries_outside_the_project_s_pins_fail_and_notebook_libraries_warn(tmp_path):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import tomllib
 import yaml
+from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,6 +53,9 @@ def test_widgets_extra_is_slim_and_inside_notebook() -> None:
     # What a live Colab/Kaggle kernel needs for the UI, and nothing that replaces its Jupyter.
     assert names == {"ipywidgets", "anywidget", "plotly"}
     assert set(widgets) <= set(extras["notebook"]), "notebook must carry widgets' pins unchanged"
+    # Colab's TPU image ships ipywidgets 7.7.1, the version its frontend draws: the install keeps it
+    (ipywidgets,) = [Requirement(d) for d in widgets if d.startswith("ipywidgets")]
+    assert ipywidgets.specifier.contains("7.7.1") and ipywidgets.specifier.contains("8.1.5")
 
 
 def test_notebook_install_cell_installs_the_widgets_extra() -> None:

@@ -41,6 +41,9 @@ ATTENTION_LABELS = {
     "chunked": "chunked (query blocks, XLA)",
 }
 """How the attention dropdown names each of `workbench.models.attention.ATTENTION_KERNELS`."""
+TOOLTIP = "tooltip" if int(ipw.__version__.split(".")[0]) >= 8 else "description_tooltip"
+"""A control's hover text: ``tooltip`` in ipywidgets 8, ``description_tooltip`` in 7 (Colab's 7.7.1,
+which its frontend draws; 8 keeps the old name only as a deprecated alias)."""
 
 
 def _chunk_label(value: int | str) -> str:
@@ -61,7 +64,7 @@ class MemorySavingControls:
             description="Quantized base",
             style=style,
             layout=layout,
-            tooltip="frozen base weights stored as integers under LoRA (model.quantize)",
+            **{TOOLTIP: "frozen base weights stored as integers under LoRA (model.quantize)"},
         ).add_class("wb-quantize")
         own = cfg.train.loss_chunk_tokens
         chunks = [*LOSS_CHUNK_TOKENS, *([] if own in LOSS_CHUNK_TOKENS else [own])]
@@ -71,7 +74,7 @@ class MemorySavingControls:
             description="Loss chunk",
             style=style,
             layout=layout,
-            tooltip="LM head + cross-entropy a chunk of tokens at a time (train.loss_chunk_tokens)",
+            **{TOOLTIP: "LM head + cross-entropy a chunk of tokens at a time (train.loss_chunk_tokens)"},
         ).add_class("wb-loss-chunk")
         self.attention = ipw.Dropdown(
             options=[(ATTENTION_LABELS.get(k, k), k) for k in ATTENTION_KERNELS],
@@ -79,7 +82,7 @@ class MemorySavingControls:
             description="Attention",
             style=style,
             layout=layout,
-            tooltip="the attention kernel (model.attention): what the T × T scores cost",
+            **{TOOLTIP: "the attention kernel (model.attention): what the T × T scores cost"},
         ).add_class("wb-attention")
         self.quantize_html = ipw.HTML().add_class("wb-quantize-saving")
         self.loss_chunk_html = ipw.HTML().add_class("wb-loss-chunk-saving")

@@ -326,8 +326,12 @@ def error_readout(error: str | None) -> str:
 
 
 def yaml_readout(text: str) -> str:
-    """The config's YAML, preformatted."""
-    return f"<pre style='font-size:11px;line-height:1.2'>{html.escape(text)}</pre>"
+    """The config's YAML, preformatted, folded under a "Config YAML" summary (an HTML ``<details>``:
+    an ``Accordion`` widget is not drawn by Colab's custom widget manager, googlecolab/colabtools#3571)."""
+    return (
+        "<details><summary>Config YAML</summary>"
+        f"<pre style='font-size:11px;line-height:1.2'>{html.escape(text)}</pre></details>"
+    )
 
 
 __all__ = [

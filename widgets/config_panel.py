@@ -41,7 +41,7 @@ import ipywidgets as ipw
 import numpy as np
 
 from widgets.bucket_tradeoff import AutoBucketControls, draw_tradeoff, new_tradeoff_figure, tradeoff_readout
-from widgets.config_controls import MemorySavingControls
+from widgets.config_controls import TOOLTIP, MemorySavingControls
 from widgets.config_figures import (
     bucket_readout,
     draw_bucket_plan,
@@ -160,7 +160,7 @@ class ConfigPanel:
             layout=wide,
             # A checkpoint's own config decides its shape: a preset would change the YAML, not the run.
             disabled=bool(pretrained),
-            tooltip=f"fixed by model.pretrained_path={pretrained}" if pretrained else "",
+            **{TOOLTIP: f"fixed by model.pretrained_path={pretrained}" if pretrained else ""},
         )
         self.batch_size = ipw.IntSlider(
             value=cfg.train.batch_size,
@@ -514,14 +514,13 @@ class ConfigPanel:
                     self.error_html,
                 ]
             )
-            yaml_box = ipw.Accordion(children=[self.yaml_html], titles=("Config YAML",))
             self._widget = ipw.VBox(
                 [
                     ipw.HBox([self.controls, readouts]),
                     self.memory_figure,
                     self.length_figure,
                     self.tradeoff_figure,
-                    yaml_box,
+                    self.yaml_html,
                 ]
             )
         return self._widget

@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.backend import scan_support
+
 # ---- looking without starting anything ---------------------------------------------
 
 
@@ -492,34 +494,23 @@ def scan(fn: Callable[..., Any], init: Any, xs: Any, *, remat: bool = False, pur
     object (pass the same object each call)."""
     from torch_xla.experimental.scan import scan as xla_scan
 
-    _scan_backward_without_jax()
-    return xla_scan(fn, init, xs, partition_fn=_scan_partition(remat), is_fn_pure=pure)
+    _scan_backward_without_jax_bridge()
+    return xla_scan(fn, init, xs, partition_fn=scan_support.scan_partition(remat), is_fn_pure=pure)
 
 
 @functools.cache
-def _scan_partition(remat: bool) -> Callable[..., Any]:
-    """AOTAutograd's min-cut partition of a scanned body: at full activation budget it recomputes
-    only cheap element-wise work (saves less than the plain partition); with ``remat``, budget 0:
-    only each iteration's inputs are saved (gradient checkpointing). One object per setting:
-    torch_xla keys its cached traces on the partition function's id."""
-    return functools.partial(_min_cut_partition, budget=0.0 if remat else 1.0)
-
-
-def _min_cut_partition(*args: Any, budget: float, **kwargs: Any) -> Any:
-    import torch._functorch.config as functorch_config
-    from functorch.compile import min_cut_rematerialization_partition
-
-    with functorch_config.patch(activation_memory_budget=budget):
-        return min_cut_rematerialization_partition(*args, **kwargs)
-
-
-def _scan_backward_without_jax() -> None:
-    """Under SPMD torch_xla's scan backward ties gradient shardings to their inputs' with jax's
-    ``shard_alike``, failing without jax (XLA:CPU here): then XLA's propagation shards them."""
+def _scan_backward_without_jax_bridge() -> None:
+    """Under SPMD torch_xla's (2.8, 2.9) scan backward ties gradient shardings with jax's ``shard_alike``
+    through ``call_jax``, which needs jax and torchax both: without them XLA's propagation shards
+    the gradients (`workbench.backend.scan_support`). Decided once per process."""
     import torch_xla.experimental.scan as xla_scan_module
+    from torch_xla._internal import jax_workarounds
 
-    if importlib.util.find_spec("jax") is None:
-        xla_scan_module._backward_shard_alike = lambda carry, x, backward, init, xs: backward(carry, x)
+    probe_jax = scan_support.quiet_probe(jax_workarounds.maybe_get_jax)
+    if hasattr(xla_scan_module, "_backward_shard_alike") and not scan_support.jax_bridge_usable(
+        jax_workarounds.maybe_get_torchax, probe_jax
+    ):
+        xla_scan_module._backward_shard_alike = scan_support.backward_without_shard_alike
 
 
 def gradient_checkpoint_function() -> Callable[..., Any]:

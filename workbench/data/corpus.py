@@ -1,14 +1,18 @@
 """The text the defaults train on, shipped with Python: the embedded corpus, the chat sample and the preference sample.
 
-**The embedded corpus** (`embedded_corpus`) is real English technical prose that ships with
-Python itself, so the defaults need no download: the 79 topics of ``pydoc_data.topics`` (the
+**The embedded corpus** (`embedded_corpus`) is real English technical prose taken from Python
+itself, so the defaults need no download: the 79 topics of ``pydoc_data.topics`` (the
 language reference pages behind ``help("if")`` etc.), split at their reST headings into
 sections, plus the docstrings of ~110 standard-library modules and of their public classes,
-methods and functions. Pieces longer than ``max_chars`` (500) are split at paragraph breaks,
-then line breaks, then spaces; pieces under 40 characters are left out and identical texts
-are kept once; the order is fixed. On CPython 3.11 that gives about 4,000 documents, 1.0 M
-characters. With the default 512-token BPE trained on it their lengths in tokens (bos/eos
-included) are long-tailed: median ~125, p90 ~240, p99 ~295, max ~430, about 4% above the
+methods and functions. Those texts differ between Python versions (and with what a process has
+imported: transformers adds methods to ``logging.Logger``), so they are shipped, read once on
+CPython 3.11 as a training run read them (`generate_embedded_corpus`), as
+``assets/embedded_corpus.jsonl.gz``: the same data and the same losses on every Python
+(`EMBEDDED_CORPUS_SHA256` records what ``embedded_corpus()`` returns). Pieces longer than
+``max_chars`` (500) are split at paragraph breaks, then line breaks, then spaces; pieces under
+40 characters are left out and identical texts are kept once; the order is fixed. That gives
+4,031 documents, 1.0 M characters. With the default 512-token BPE trained on it their lengths
+in tokens (bos/eos included) are long-tailed: median ~125, p90 ~240, p99 ~295, max ~430, about 4% above the
 default ``data.max_length`` of 256 — short docstrings next to long reference sections.
 That spread is what makes bucketing matter.
 
@@ -28,6 +32,7 @@ consistent so a small model trained a few dozen steps visibly prefers the chosen
 
 from __future__ import annotations
 
+import gzip
 import importlib
 import inspect
 import itertools
@@ -36,12 +41,17 @@ import os
 import random
 import re
 import warnings
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 CHAT_SAMPLE = ASSETS / "chat_sample.jsonl"
 PREFERENCE_SAMPLE = ASSETS / "preference_sample.jsonl"
+EMBEDDED_CORPUS = ASSETS / "embedded_corpus.jsonl.gz"
+"""The embedded corpus's source texts (one JSON string a line), before they are cut into pieces."""
+EMBEDDED_CORPUS_SHA256 = "32e5dc8856c95316debbf936d1a8074c4880f794fc1f1489e3ddadd7547ad795"
+"""SHA-256 of ``"\\0".join(embedded_corpus())`` (UTF-8): the quickstart's data on any Python."""
 
 # Standard-library modules whose docstrings join the corpus: importing them has no side effects.
 _DOC_MODULES = (
@@ -134,30 +144,74 @@ def _module_docstrings(name: str) -> list[str]:
     return docs
 
 
-@lru_cache(maxsize=4)
-def _corpus(max_chars: int) -> tuple[str, ...]:
+def _stdlib_sources() -> list[str]:
+    """The running Python's pydoc topic sections and stdlib docstrings, in a fixed order, each kept once."""
     import pydoc_data.topics
 
-    pieces: list[str] = []
-    for key in sorted(pydoc_data.topics.topics):
-        for section in _topic_sections(pydoc_data.topics.topics[key]):
-            pieces.extend(_chunks(section, max_chars))
+    sources = [
+        section
+        for key in sorted(pydoc_data.topics.topics)
+        for section in _topic_sections(pydoc_data.topics.topics[key])
+    ]
     with warnings.catch_warnings():  # reading e.g. typing.io's docstring warns that it is deprecated
         warnings.simplefilter("ignore", DeprecationWarning)
-        docstrings = [doc for name in _DOC_MODULES for doc in _module_docstrings(name)]
-    for doc in docstrings:
-        pieces.extend(_chunks(doc, max_chars))
+        sources += [doc for name in _DOC_MODULES for doc in _module_docstrings(name)]
+    # a repeated text repeats only pieces already kept: dropping it changes nothing
+    return list(dict.fromkeys(text for text in sources if text.strip()))
+
+
+RUN_LIBRARIES = ("torch", "transformers", "peft", "datasets")
+"""What a training run had imported when it read the corpus from the standard library: transformers
+adds three methods to ``logging.Logger`` (``info_once``, ``warning_once``, ``warning_advice``) and
+torch replaces ``inspect.getfile``, so their docstrings were part of the corpus every measured run
+(the README's figures) trained on."""
+
+
+def generate_embedded_corpus(
+    path: str | os.PathLike[str] = EMBEDDED_CORPUS, after_importing: Sequence[str] = RUN_LIBRARIES
+) -> int:
+    """Write the embedded corpus's sources, read from the running Python after importing
+    `after_importing`, as a training run read them; returns their count.
+
+    This is how ``assets/embedded_corpus.jsonl.gz`` was made, on CPython 3.11.7 with torch 2.9.0
+    and transformers 5.24.0 (another Python or transformers reads other docstrings, and
+    `EMBEDDED_CORPUS_SHA256` then no longer holds)::
+
+        python -c "from workbench.data.corpus import generate_embedded_corpus; generate_embedded_corpus()"
+
+    The gzip stream carries no name or time, so the same texts always give the same bytes.
+    """
+    for name in after_importing:
+        importlib.import_module(name)
+    sources = _stdlib_sources()
+    lines = "".join(json.dumps(text, ensure_ascii=False) + "\n" for text in sources)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as handle:
+        handle.write(lines.encode("utf-8"))
+    return len(sources)
+
+
+@lru_cache(maxsize=1)
+def _shipped_sources() -> tuple[str, ...]:
+    with gzip.open(EMBEDDED_CORPUS, "rt", encoding="utf-8") as handle:
+        return tuple(json.loads(line) for line in handle if line.strip())
+
+
+@lru_cache(maxsize=4)
+def _corpus(max_chars: int) -> tuple[str, ...]:
     seen: set[str] = set()
     out = []
-    for piece in pieces:
-        if len(piece) >= 40 and piece not in seen:
-            seen.add(piece)
-            out.append(piece)
+    for source in _shipped_sources():
+        for piece in _chunks(source, max_chars):
+            if len(piece) >= 40 and piece not in seen:
+                seen.add(piece)
+                out.append(piece)
     return tuple(out)
 
 
 def embedded_corpus(max_chars: int = 500) -> list[str]:
-    """Real text shipped with Python: pydoc topic sections and stdlib docstrings, in a fixed order."""
+    """Real text from Python's own documentation: pydoc topic sections and stdlib docstrings, as
+    shipped in ``assets/embedded_corpus.jsonl.gz`` (the same on every Python), in a fixed order."""
     if max_chars < 100:
         raise ValueError(f"max_chars={max_chars} is not allowed: must be >= 100")
     return list(_corpus(int(max_chars)))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from workbench.doctor.accelerator import accelerator_checks, runtime_check, runtime_skipped, scan_devices
 from workbench.doctor.checks import Check, DoctorError, DoctorReport
 from workbench.doctor.roots import DoctorRoots
-from workbench.doctor.session import session_checks
+from workbench.doctor.session import detect_session, session_checks
 from workbench.doctor.sizing import model_check
 from workbench.doctor.versions import version_checks
 
@@ -52,7 +52,7 @@ def doctor(
     roots = roots or DoctorRoots()
     packages = roots.packages()
     devices = scan_devices(roots)
-    checks = version_checks(packages, tpu=devices.tpu)
+    checks = version_checks(packages, tpu=devices.tpu, hosted=detect_session(roots) != "local")
     checks += accelerator_checks(roots, devices)
     needs = None
     if cfg is not None:

@@ -3,13 +3,16 @@
 The failure people meet most after a ``pip install`` in a notebook: something upgraded torch
 and the runtime's torch_xla, built against the old one, now dies on import with ``_XLAC ...
 undefined symbol``. torch_xla must have torch's major.minor, and on a TPU the libtpu that
-torch_xla pins (``libtpu==...; extra == "tpu"`` in its metadata). Every version here is read
+torch_xla pins (``libtpu==...; extra == "tpu"`` in its metadata) or a hotfix of that release
+(``0.0.21.1`` for ``==0.0.21``: Colab's TPU image ships one). Every version here is read
 from package metadata (`InstalledPackages`), never by importing the package, so these checks
 run, and name the pip line, precisely when importing torch_xla would crash.
 
 transformers, peft and datasets are compared with the project's own pins (its metadata, or
 pyproject.toml in a checkout that is not installed); the notebook libraries (ipykernel,
 ipywidgets, anywidget, plotly) only warn when missing: the headless package runs without them.
+On Colab and Kaggle only the `widgets` extra's libraries are checked: the runtime's own kernel
+packages are never to be upgraded.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ LIBTPU_RELEASES = "https://storage.googleapis.com/libtpu-releases/index.html"
 """Where libtpu-nightly wheels live (the registry has only the stable `libtpu`)."""
 PINNED_LIBRARIES = ("transformers", "peft", "datasets")
 NOTEBOOK_LIBRARIES = ("ipykernel", "ipywidgets", "anywidget", "plotly")
+WIDGET_LIBRARIES = ("ipywidgets", "anywidget", "plotly")
+"""What the `widgets` extra installs (read from the extra itself where its metadata is there)."""
+HOSTED_KERNEL_PACKAGES = ("ipykernel", "ipython", "jupyter-client", "notebook")
+"""A hosted runtime's kernel and server: its frontend is built against these versions."""
 
 
 def _packaging() -> Any:
@@ -196,15 +203,81 @@ def _libtpu_check(packages: InstalledPackages, xla: str | None, *, tpu: bool) ->
     fix = f'pip install "{_spec(pin)}"{finder}, {RESTART}'
     if installed is None:
         return Check("libtpu", "fail", f"not installed: torch_xla {xla} needs {_spec(pin)}", fix)
-    if canonical_name(installed[0]) != canonical_name(pin.name) or not _satisfies(pin, installed[1]):
+    hotfix = _hotfix_series(pin)
+    if canonical_name(installed[0]) != canonical_name(pin.name):
+        matches = False
+    else:
+        matches = _satisfies(pin, installed[1]) or (hotfix is not None and _is_hotfix(installed[1], hotfix))
+    accepted = f"{_spec(pin)}" + (f" or a {hotfix}.x hotfix of it" if hotfix else "")
+    if not matches:
         return Check(
             "libtpu",
             "fail",
-            f"{have}, but torch_xla {xla} needs {_spec(pin)} (another libtpu fails to start the TPU "
+            f"{have}, but torch_xla {xla} needs {accepted} (another libtpu fails to start the TPU "
             "or crashes in it)",
             fix,
         )
-    return Check("libtpu", "ok", f"{have} (what torch_xla {xla} pins)")
+    if not _satisfies(pin, installed[1]):
+        return Check(
+            "libtpu",
+            "ok",
+            f"{have}: a hotfix of the {_spec(pin)} torch_xla {xla} pins ({hotfix}.x releases are accepted: "
+            "same release, later fixes; Colab's TPU image ships one)",
+        )
+    return Check("libtpu", "ok", f"{have} (what torch_xla {xla} pins; {accepted} accepted)")
+
+
+def _hotfix_series(pin: Any) -> str | None:
+    """``0.0.21`` for a pin of exactly ``==0.0.21``: libtpu's hotfixes add a fourth number (0.0.21.1)
+    that PEP 440's ``==`` refuses. None for any other pin (a range, a wildcard, ``===``): pip's own
+    reading of it stands."""
+    specifiers = list(pin.specifier)
+    if len(specifiers) != 1 or specifiers[0].operator != "==" or specifiers[0].version.endswith(".*"):
+        return None
+    return specifiers[0].version
+
+
+def _is_hotfix(version: str, series: str) -> bool:
+    """Whether `version` is a final release extending `series` (``0.0.21.1`` of ``0.0.21``)."""
+    pkg = _packaging()
+    try:
+        have, pinned = pkg.version.Version(version), pkg.version.Version(series)
+    except pkg.version.InvalidVersion:
+        return False
+    if have.is_prerelease or have.is_devrelease or len(have.release) <= len(pinned.release):
+        return False
+    return have.release[: len(pinned.release)] == pinned.release
+
+
+def scan_check(packages: InstalledPackages) -> Check:
+    """How a scanned model's backward runs on a mesh, from which of jax and torchax are installed.
+
+    Under SPMD torch_xla's scan backward ties each gradient's sharding to its input's with jax's
+    ``shard_alike`` through ``call_jax``, which needs jax and torchax both; with either missing
+    the workbench runs the plain backward and XLA's sharding propagation shards the gradients
+    (`workbench.backend.scan_support`). Read from metadata: nothing is imported.
+    """
+    name = "scan on a mesh"
+    xla, jax, torchax = (packages.version(n) for n in ("torch_xla", "jax", "torchax"))
+    if xla is None:
+        return Check(name, "ok", "torch_xla not installed: no XLA scan")
+    if jax is not None and torchax is not None:
+        return Check(
+            name,
+            "ok",
+            f"jax {jax} with torchax {torchax}: torch_xla {xla}'s scan backward ties gradient "
+            "shardings with jax's shard_alike",
+        )
+    if jax is not None:
+        have = f"jax {jax} without torchax"
+    else:
+        have = f"torchax {torchax} without jax" if torchax is not None else "no jax"
+    return Check(
+        name,
+        "ok",
+        f"{have}: scan under SPMD uses the workbench's plain backward (torch_xla's shard_alike step "
+        "needs jax and torchax both); XLA's propagation shards the gradients, as in every tested run",
+    )
 
 
 def library_checks(packages: InstalledPackages) -> list[Check]:
@@ -234,30 +307,51 @@ def library_checks(packages: InstalledPackages) -> list[Check]:
     return checks
 
 
-def notebook_check(packages: InstalledPackages) -> Check:
-    """The notebook libraries (a kernel and the widget stack): warn when one is missing or too old."""
-    pins = {**_pins(packages, "notebook"), **_pins(packages, "widgets")}
+def notebook_check(packages: InstalledPackages, *, hosted: bool = False) -> Check:
+    """The notebook libraries: warn when one the notebooks need is missing or too old.
+
+    On a hosted runtime (Colab, Kaggle) the notebooks install the `widgets` extra only, into a
+    kernel that is already running: only what that extra needs is checked (ipywidgets, anywidget,
+    plotly), and the runtime's own kernel packages (`HOSTED_KERNEL_PACKAGES`) are reported, never
+    to be upgraded: replacing the running kernel's ipykernel or jupyter-client under the
+    hosting frontend is what breaks a hosted session. On a local machine the `notebook` extra's
+    pins (a kernel included) stay advice.
+    """
+    widget_pins = _pins(packages, "widgets")
+    if hosted:
+        pins = widget_pins
+        names = tuple(pins) or WIDGET_LIBRARIES
+    else:
+        pins = {**_pins(packages, "notebook"), **widget_pins}
+        names = NOTEBOOK_LIBRARIES
     seen, wrong = [], []
-    for name in NOTEBOOK_LIBRARIES:
+    for name in names:
         version, pin = packages.version(name), pins.get(canonical_name(name))
         if version is None or (pin is not None and not _satisfies(pin, version)):
             wrong.append(_spec(pin) if pin is not None else name)
         seen.append(f"{name} {version or 'missing'}")
+    saw = ", ".join(seen)
+    if hosted:
+        kernel = [f"{name} {v}" for name in HOSTED_KERNEL_PACKAGES if (v := packages.version(name))]
+        if kernel:
+            saw += f"; the runtime's own kernel, left as it is: {', '.join(kernel)}"
     if not wrong:
-        return Check("notebook libraries", "ok", ", ".join(seen))
+        return Check("notebook libraries", "ok", saw)
+    needs = "the widgets extra needs" if hosted else "the widgets and notebooks need"
     return Check(
         "notebook libraries",
         "warn",
-        f"{', '.join(seen)}: the widgets and notebooks need {', '.join(wrong)} (the headless package does not)",
+        f"{saw}: {needs} {', '.join(wrong)} (the headless package does not)",
         "pip install " + " ".join(f'"{spec}"' for spec in wrong),
     )
 
 
-def version_checks(packages: InstalledPackages, *, tpu: bool) -> list[Check]:
-    """Every version check, in the order a reader fixes them."""
+def version_checks(packages: InstalledPackages, *, tpu: bool, hosted: bool = False) -> list[Check]:
+    """Every version check, in the order a reader fixes them (`hosted`: a Colab or Kaggle runtime)."""
     return [
         python_check(packages),
         *torch_checks(packages, tpu=tpu),
+        scan_check(packages),
         *library_checks(packages),
-        notebook_check(packages),
+        notebook_check(packages, hosted=hosted),
     ]
