@@ -5,16 +5,32 @@ One process drives one device. On a machine with several visible GPUs and no lau
 ``--nproc N`` (`launch`) starts that launch itself, torchrun's ``--standalone`` rendezvous on a
 free port, and returns its exit code. Under torchrun each rank runs the same command
 (`workbench.train.ranks`).
+
+A launch keeps the CLI's exit codes: what every rank would refuse (the config, ``--nproc`` itself,
+the mesh against the ranks, a ``train.batch_size`` that does not split over them) is refused here
+before any rank starts (`check_launch`: exit 2, one line); a configuration error a rank finds is
+written to the launch's error directory (`LAUNCH_ERRORS_ENV`, `report_rank_error`) instead of its
+stderr, and the launch exits 2 with one line per distinct message and no torchrun traceback. torchrun
+runs as ``python -m workbench.launch`` (`run_torchrun`): its agent, whose failure report (a table, no
+traceback) is printed only for failures that are not configuration errors.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from workbench.backend import process_group
+
+LAUNCH_ERRORS_ENV = "WORKBENCH_LAUNCH_ERRORS"
+"""Set by `launch` for its ranks: the directory a rank writes its configuration error to."""
+_EXIT_CANNOT_START = 2  # `workbench.run`'s code for a run that could not start
 
 
 def _is_nproc(option: str) -> bool:
@@ -55,17 +71,94 @@ def gpu_notice(visible_gpus: int, argv: Sequence[str]) -> str | None:
     )
 
 
-def launch(nproc: int, argv: Sequence[str]) -> int:
-    """Start `nproc` ranks of ``python -m workbench <argv>`` under torchrun here; their exit code."""
+def check_launch(nproc: int, cfg: Any) -> None:
+    """`ValueError` naming what every rank of a launch of `nproc` ranks with `cfg` (the run's config, when
+    known) would refuse: a count below 1, a launch inside torchrun, a mesh that does not fit the ranks,
+    a batch that does not split over them (the ranks' own checks, `rank_mesh` and `check_global_batch`)."""
     if nproc < 1:
-        print(f"error: --nproc={nproc} is not allowed: must be >= 1", file=sys.stderr)
-        return 2
+        raise ValueError(f"--nproc={nproc} is not allowed: must be >= 1")
     if process_group.launched_by_torchrun():
-        print("error: --nproc under torchrun: the launcher has started the ranks already", file=sys.stderr)
-        return 2
+        raise ValueError("--nproc under torchrun: the launcher has started the ranks already")
+    from workbench.parallel.torch_parallel import rank_mesh
+    from workbench.train.ranks import check_global_batch
+
+    if cfg is not None:
+        check_global_batch(cfg, rank_mesh(cfg.mesh, nproc))
+
+
+def launch(nproc: int, argv: Sequence[str], cfg: Any = None) -> int:
+    """Start `nproc` ranks of ``python -m workbench <argv>`` under torchrun here (after `check_launch`
+    when `cfg` is given); their exit code: 2 with each distinct configuration error the ranks found."""
+    try:
+        check_launch(nproc, cfg)
+    except ValueError as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return _EXIT_CANNOT_START
     command = torchrun_command(nproc, argv, executable=sys.executable)
     print(f"train: starting {nproc} ranks: {shlex.join(command)}", file=sys.stderr, flush=True)
+    agent = [sys.executable, "-m", "workbench.launch", *command[3:]]  # torchrun's arguments, our agent
+    with tempfile.TemporaryDirectory(prefix="workbench-launch-") as errors:
+        try:
+            code = subprocess.call(agent, env={**os.environ, LAUNCH_ERRORS_ENV: errors})
+        except KeyboardInterrupt:
+            return 130
+        reported = _rank_errors(Path(errors), nproc)
+    if code == _EXIT_CANNOT_START:
+        print("\n".join(reported) or "error: a rank could not start (its lines above)", file=sys.stderr)
+    elif reported:  # a rank could not start, another failed: both said so
+        print("\n".join(reported), file=sys.stderr)
+    return code
+
+
+def report_rank_error(message: str) -> bool:
+    """Under a `launch`: write this rank's configuration error for the launcher to print (once for
+    all ranks that found it); False when not launched by `launch` (the rank prints it itself)."""
+    where = os.environ.get(LAUNCH_ERRORS_ENV)
+    if not where or not os.path.isdir(where):
+        return False
+    rank = os.environ.get("RANK", "0")
+    (Path(where) / f"rank-{rank}.txt").write_text(message)
+    return True
+
+
+def _rank_errors(where: Path, nproc: int) -> list[str]:
+    """One ``error:`` line per distinct message the ranks wrote, naming the ranks that wrote it."""
+    by_message: dict[str, list[int]] = {}
+    for path in sorted(where.glob("rank-*.txt"), key=lambda p: int(p.stem.split("-")[1])):
+        by_message.setdefault(path.read_text().strip(), []).append(int(path.stem.split("-")[1]))
+    lines = []
+    for message, ranks in by_message.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        who = f"every rank ({nproc})" if len(ranks) == nproc > 1 else f"{who} of {nproc}"
+        lines.append(f"error: {who}: {message}")
+    return lines
+
+
+def run_torchrun(torchrun_args: Sequence[str]) -> int:
+    """torchrun's agent with `torchrun_args`; exit 2 when every failed rank exited 2 (a configuration
+    error: the ranks' lines say it), 130 when one was interrupted, else 1 with torchrun's failure table."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
+        lambda record: not str(record.msg).startswith("failed (exitcode")  # the table says it, or we do
+    )
     try:
-        return subprocess.call(command)
+        run(parse_args(list(torchrun_args)))
+    except ChildFailedError as err:
+        codes = {failure.exitcode for failure in err.failures.values()}
+        if codes == {_EXIT_CANNOT_START}:
+            return _EXIT_CANNOT_START
+        if 130 in codes:
+            return 130
+        print(err.format_msg(), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_torchrun(sys.argv[1:]))

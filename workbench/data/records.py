@@ -33,7 +33,7 @@ from workbench.backend.multihost import shard_for_host
 from workbench.data import formats
 from workbench.data.corpus import CHAT_SAMPLE, embedded_corpus
 from workbench.data.file_errors import DataFileError, data_file_error, load_errors, record_error
-from workbench.data.tokenizer import cache_root, get_tokenizer
+from workbench.data.tokenizer import cache_root, get_tokenizer, missing_chat_template
 
 IGNORE_INDEX = -100
 """Label of a token that is not predicted (prompt, padding, packed borders); `torch`'s default ignore_index."""
@@ -125,6 +125,7 @@ def _load_local(path: Path, data_cfg: Any, cache_dir: str | os.PathLike[str] | N
         builder = kinds.pop()
     else:
         builder = _BUILDERS[data_cfg.file_type]
+        _check_file_type(files[:3], data_cfg.file_type)
     try:
         ds = datasets.load_dataset(
             builder,
@@ -139,6 +140,55 @@ def _load_local(path: Path, data_cfg: Any, cache_dir: str | os.PathLike[str] | N
         raise data_file_error(files, builder, err) from err
     # re-reads the files only once a record has failed
     return ds, lambda err: record_error(files, builder, err.index or 0, err.problem)
+
+
+_LOOKS_LIKE = {
+    "jsonl": "JSON lines (its first line is a JSON object)",
+    "json": "JSON (it opens with '[')",
+    "parquet": "Parquet (it starts with PAR1)",
+}
+
+
+def _check_file_type(files: list[Path], file_type: str) -> None:
+    """`ValueError` blaming ``data.file_type`` when a file plainly is another type than the one set
+    (JSON lines read as csv, Parquet read as JSON, ...): its records would reach `data.format`'s
+    detection as one odd column, and the error would blame the format. ``text`` reads any file."""
+    if file_type == "text":
+        return
+    for path in files:
+        sniffed = _sniff_file_type(path)
+        same = {sniffed, file_type} <= {"json", "jsonl"}
+        if sniffed is not None and sniffed != file_type and not same:
+            raise ValueError(
+                f"data.file_type={file_type!r} reads {str(path)!r} as {file_type}, but it looks like "
+                f"{_LOOKS_LIKE[sniffed]}: set data.file_type={sniffed} (or auto, which goes by the extension)"
+            )
+        if sniffed is None and file_type == "parquet":
+            raise ValueError(
+                f"data.file_type='parquet' reads {str(path)!r} as Parquet, but it does not start with "
+                "Parquet's PAR1 marker: set data.file_type to what it is (jsonl, json, csv, text) or auto"
+            )
+
+
+def _sniff_file_type(path: Path) -> str | None:
+    """'parquet', 'json' or 'jsonl' when the file's first bytes say so; None when they do not (csv, text)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(65536)
+    except OSError:
+        return None  # loading it says what is wrong
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    text = head.decode("utf-8", "replace").lstrip("\ufeff \t\r\n")
+    if text.startswith("["):
+        return "json"
+    first = text.split("\n", 1)[0].strip()
+    if first.startswith("{"):
+        try:
+            return "jsonl" if isinstance(json.loads(first), dict) else None
+        except ValueError:
+            return "json" if "\n" in text else None  # a pretty-printed object spans lines
+    return None
 
 
 def _load_saved(path: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[Any, _Place]:
@@ -191,15 +241,27 @@ def _warn_left_out(dropped: int, total: int, why: str) -> None:
 
 
 def chat_token_ids(
-    tokenizer: Any, messages: list[dict[str, str]], *, add_generation_prompt: bool = False
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    *,
+    add_generation_prompt: bool = False,
+    named_by: str = "the one given",
+    other_way: str = "or render the text yourself",
 ) -> list[int]:
-    """The token ids of `messages` rendered with the tokenizer's chat template, as a plain list.
+    """The token ids of `messages` rendered with the tokenizer's chat template, as a plain list;
+    `ValueError` when it has none, naming the tokenizer (`named_by`: where it came from) and the fixes
+    (`other_way`: the caller's way around, e.g. "or leave out --chat").
 
     ``apply_chat_template(..., tokenize=True)`` returns a list under transformers 4.x and a
     ``BatchEncoding`` (``input_ids``, ``attention_mask``) under 5.x, whose default became
     ``return_dict=True``; asking for ``return_dict=False`` gives the list under both, and a
     tokenizer that answers with a mapping anyway has its ``input_ids`` taken.
     """
+    missing = missing_chat_template(tokenizer, named_by)
+    if missing is not None:
+        raise ValueError(
+            f"rendering chat turns needs a tokenizer with a chat template; {missing}, {other_way}"
+        )
     out = tokenizer.apply_chat_template(
         messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
     )
@@ -261,11 +323,17 @@ def tokenize_records(dataset: Any, tokenizer: Any, data_cfg: Any) -> Any:
     """
     detected = formats.detect_format(dataset.column_names, data_cfg)
     if detected.chat:
-        if not getattr(tokenizer, "chat_template", None):
+        named_by = (
+            f"data.tokenizer_path={data_cfg.tokenizer_path!r}"
+            if data_cfg.tokenizer_path
+            else "the one beside the model directory"
+        )
+        missing = missing_chat_template(tokenizer, named_by)
+        if missing is not None:
             raise ValueError(
                 f"the records are chat records (from {detected.reason}), which need a tokenizer with a chat "
-                f"template; data.tokenizer_path={data_cfg.tokenizer_path!r} has none: give one with a chat "
-                "template, or set data.format=text to train on a text column"
+                f"template; {missing}, give data.tokenizer_path=DIR of a tokenizer that has one, or set "
+                "data.format=text to train on a text column"
             )
 
         def chat(record: dict[str, Any], index: int) -> dict[str, Any]:

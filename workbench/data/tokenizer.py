@@ -138,6 +138,20 @@ def get_tokenizer(
     return tokenizer
 
 
+def missing_chat_template(tokenizer: Any, named_by: str) -> str | None:
+    """None when `tokenizer` has a chat template; else what to tell the user: which tokenizer has none
+    (its directory, and `named_by`: the setting or flag that led to it) and how to give it one."""
+    if getattr(tokenizer, "chat_template", None):
+        return None
+    where = str(getattr(tokenizer, "name_or_path", "") or "")
+    if not where or not Path(where).is_dir():
+        return f"the tokenizer ({named_by}) has none"
+    return (
+        f"the tokenizer in {where!r} ({named_by}) has none: add one there (a chat_template.jinja file "
+        "beside its tokenizer_config.json)"
+    )
+
+
 def _model_tokenizer(model_path: str) -> Path | None:
     """The tokenizer directory beside ``model.pretrained_path`` (or its base); None when there is none."""
     from workbench.model_dirs import ModelDirError, resolve_model_dir, tokenizer_dir

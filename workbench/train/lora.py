@@ -14,7 +14,8 @@
 - `save_model(model, path, merged=...)`: a peft adapter directory (``adapter_config.json`` and
   ``adapter_model.safetensors``; `peft.PeftModel.from_pretrained(base, path)` loads it), or,
   merged (or without LoRA), a full `transformers` model directory whose weights are
-  ``W + (alpha / r) B A``. Tensors reach the host through `workbench.train.state_io.host_tensors`
+  ``W + (alpha / r) B A``; written whole or not at all, never over files the workbench did not write
+  nor over the model's own base (`workbench.train.export_dir`). Tensors reach the host through `workbench.train.state_io.host_tensors`
   (one batched transfer under XLA); merging happens on the device, where the weights are.
 - `load_adapter(base, path)`: the adapter back onto its base, after checking it was saved for
   this base (the names and shapes recorded beside it, and the adapter's own tensor shapes).
@@ -38,6 +39,7 @@ import functools
 import json
 import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +49,7 @@ from workbench.backend import process_group
 from workbench.model_dirs import BASE_MODEL_FILE
 from workbench.models.layer_stack import layer_weights_attached, per_layer_parameters
 from workbench.models.quantize import QuantizedLinear, logical_parameter_count, quantized_layers
+from workbench.train.export_dir import check_export_dir, staged_export
 from workbench.train.state_io import host_tensors
 
 if TYPE_CHECKING:  # annotations only
@@ -378,16 +381,46 @@ def dequantized_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 
 def save_model(
-    model: Any, path: str | Path, *, merged: bool = False, tokenizer: Any = None, write: bool = True
+    model: Any,
+    path: str | Path,
+    *,
+    merged: bool = False,
+    tokenizer: Any = None,
+    write: bool = True,
+    overwrite: bool = False,
+    protected: Mapping[Path, str] | None = None,
 ) -> Path:
     """Write `model` to directory `path`: a peft adapter (a LoRA model, ``merged=False``), else a full
     `transformers` model (merged adapters included); `tokenizer` (when given) beside it. Returns the path.
-    Under torchrun every rank calls it (an FSDP2 model's shards are gathered) and only the one with
-    `write` writes."""
-    path = Path(path)
-    if write:
-        path.mkdir(parents=True, exist_ok=True)
-    if is_lora(model) and not merged:
+
+    `path` must be new, empty or an earlier export (`workbench.train.export_dir`; `overwrite` replaces
+    any other directory), never the model's own base nor a `protected` directory; the files appear
+    there complete or not at all. Under torchrun every rank calls it (an FSDP2 model's shards are
+    gathered) and only the one with `write` writes."""
+    path = check_export_dir(path, overwrite=overwrite, protected={**_own_base(model), **(protected or {})})
+    adapter = is_lora(model) and not merged
+    with staged_export(path, kind="adapter" if adapter else "transformers", write=write) as staging:
+        _write_model(model, staging, adapter=adapter, write=write, shown_as=path)
+        if tokenizer is not None and write:
+            tokenizer.save_pretrained(str(staging))
+    if process_group.current() is not None:  # under torchrun: no rank reads it before the writer is done
+        process_group.barrier()
+    return path
+
+
+def _own_base(model: Any) -> dict[Path, str]:
+    """The local directory `model`'s base weights were loaded from (an export must not replace it)."""
+    name = getattr(base_of(model), "name_or_path", "") or ""
+    return (
+        {Path(name): "the directory this model's base weights were loaded from"}
+        if Path(name).is_dir()
+        else {}
+    )
+
+
+def _write_model(model: Any, path: Path, *, adapter: bool, write: bool, shown_as: Path) -> None:
+    """`save_model`'s files into `path` (`shown_as` is where they end up, for the notices)."""
+    if adapter:
         adapters = host_tensors(trainable_parameters(model))
         if write:
             model.save_pretrained(str(path), state_dict=adapters, save_embedding_layers=False)
@@ -399,21 +432,16 @@ def save_model(
             base_of(model).save_pretrained(str(path), state_dict=state)
             _set_config_dtype(path, MERGED_DTYPE)
             warnings.warn(
-                f"{'merged ' if is_lora(model) else ''}model saved to {str(path)!r} dequantized from "
+                f"{'merged ' if is_lora(model) else ''}model saved to {str(shown_as)!r} dequantized from "
                 f"{'/'.join(modes)} to {str(MERGED_DTYPE).removeprefix('torch.')}: its base weights were "
                 "quantized, so this is a plain transformers checkpoint of the dequantized (and merged) weights",
                 UserWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
     else:
         state = merged_state_dict(model) if is_lora(model) else host_tensors(dict(model.state_dict()))
         if write:
             base_of(model).save_pretrained(str(path), state_dict=state)
-    if tokenizer is not None and write:
-        tokenizer.save_pretrained(str(path))
-    if process_group.current() is not None:  # under torchrun: no rank reads it before the writer is done
-        process_group.barrier()
-    return path
 
 
 def _set_config_dtype(path: Path, dtype: torch.dtype) -> None:
