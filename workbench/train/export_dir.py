@@ -59,6 +59,12 @@ def check_export_dir(
                 "files this run started from (overwriting is refused here too): save into a new directory, "
                 f"e.g. {str(path.parent / (path.name + '-trained'))!r}"
             )
+    here = Path.cwd()
+    if target == here or target in here.parents:  # a directory cannot be swapped while it is in use
+        raise ExportDirError(
+            f"cannot save into {str(path)!r}: it is the current directory or holds it; save into a new "
+            "directory, e.g. 'trained-model'"
+        )
     if path.exists() and not path.is_dir():
         raise ExportDirError(f"cannot save into {str(path)!r}: it is a file; give a directory (new or empty)")
     if overwrite or not path.is_dir():

@@ -411,11 +411,9 @@ def save_model(
 def _own_base(model: Any) -> dict[Path, str]:
     """The local directory `model`'s base weights were loaded from (an export must not replace it)."""
     name = getattr(base_of(model), "name_or_path", "") or ""
-    return (
-        {Path(name): "the directory this model's base weights were loaded from"}
-        if Path(name).is_dir()
-        else {}
-    )
+    if not name or not Path(name).is_dir():  # built from a config, or named on the hub
+        return {}
+    return {Path(name): "the directory this model's base weights were loaded from"}
 
 
 def _write_model(model: Any, path: Path, *, adapter: bool, write: bool, shown_as: Path) -> None:
