@@ -134,7 +134,8 @@ def test_bad_overrides_name_field_value_and_allowed(overrides: list[str], messag
     [
         (
             {"train": {"steps": "10"}},
-            r"train\.steps='10' is not allowed: expected int",
+            r"train\.steps='10' is not allowed: it is a quoted string, not a number: drop the quotes "
+            r"\(train\.steps=10\); expected int",
         ),  # YAML types are not guessed
         ({"train": {"batch_size": True}}, r"train\.batch_size=True is not allowed: expected int"),
         ({"model": [1, 2]}, r"model must be a mapping"),

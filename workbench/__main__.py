@@ -146,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
+def _print_notice(message: str) -> None:
+    """A notice of a command that only reads (a damaged checkpoint skipped): one ``notice:`` line on stderr."""
+    print(f"notice: {message}", file=sys.stderr)
+
+
 def _info(hw: Any, *, as_json: bool) -> str:
     """The detected hardware, and where the default config's compilation cache goes on it."""
     import json
@@ -171,15 +176,23 @@ def _generate(args: argparse.Namespace) -> int:
     from workbench.data.records import chat_token_ids
     from workbench.generate import generate
     from workbench.models.attention_choice import choose_attention, use_attention
+    from workbench.run import notices_as_lines
     from workbench.train.start import load_for_inference
 
     try:
-        model, tokenizer = load_for_inference(args.model, base=args.base)
+        with notices_as_lines():
+            model, tokenizer = load_for_inference(args.model, base=args.base, notice=_print_notice)
         hw = detect(args.device_type)
         prompts: list[Any] = list(args.prompts)
         if args.chat:  # as the model saw chat records in training: a user turn, then the assistant's prompt
             prompts = [
-                chat_token_ids(tokenizer, [{"role": "user", "content": p}], add_generation_prompt=True)
+                chat_token_ids(
+                    tokenizer,
+                    [{"role": "user", "content": p}],
+                    add_generation_prompt=True,
+                    named_by=f"found for --model {args.model}",
+                    other_way="or leave out --chat to send the prompts as plain text",
+                )
                 for p in prompts
             ]
         longest = max(

@@ -293,7 +293,7 @@ class WorkbenchConfig:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigError(f"config is not valid YAML: {err}") from None
+            raise ConfigError(_yaml_problem(err, candidate if is_file else None)) from None
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -567,6 +567,20 @@ def _validate_columns(obj: DataConfig, p: str) -> None:
         f"{p}columns",
         columns,
         f"maps 'text' onto {columns.get('text')!r} but text_field={obj.text_field!r}: set one of them",
+    )
+
+
+def _yaml_problem(err: yaml.YAMLError, path: Path | None) -> str:
+    """'config file 'run.yaml' is not valid YAML: line 3, column 4: expected ',' or ']', but got ':' (...)'."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    what = f"config file {str(path)!r}" if path is not None else "config text"
+    detail = f" ({context})" if context else ""
+    return (
+        f"{what} is not valid YAML: {where}{problem}{detail}; fix that line (a value with ':' or '#' in it "
+        "needs quotes; indent with spaces)"
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -109,7 +110,8 @@ def build_section(cls: type, data: Any, prefix: str, validate: Callable[[Any, st
         else:
             kwargs[f.name] = check_value(value, hint, name)
     obj = cls(**kwargs)
-    validate(obj, prefix)
+    validate(obj, prefix)  # its range checks name the allowed range of a non-finite value they meet
+    refuse_non_finite(obj, prefix)
     return obj
 
 
@@ -208,10 +210,56 @@ def check_value(value: Any, hint: Any, name: str) -> Any:
             key_type, item_type = get_args(option)
             if all(isinstance(k, key_type) and isinstance(v, item_type) for k, v in value.items()):
                 return dict(value)
-    raise ConfigError(f"{name}={value!r} is not allowed: expected {describe_type(hint)}")
+    quoted = quoted_value_problem(value, name, hint)
+    raise ConfigError(f"{name}={value!r} is not allowed: {quoted or 'expected'} {describe_type(hint)}")
+
+
+def quoted_value_problem(value: Any, name: str, hint: Any = None) -> str | None:
+    """What to say of a string that is a quoted number (``'"5"'`` from a shell, ``"5"`` in YAML), bool or
+    choice of `hint` ('it is a quoted string, not a number: drop the quotes (train.steps=5); expected');
+    None for any other value."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+    inner = text[1:-1].strip() if quoted else text
+    try:
+        float(inner)
+        kind = "a number"
+    except ValueError:
+        choices = [a for o in _options(hint) if get_origin(o) is Literal for a in get_args(o)]
+        if not quoted or not inner:
+            return None
+        if inner.lower() in _TRUE | _FALSE and bool in _options(hint):
+            kind = "true/false"
+        elif inner in choices:
+            kind = f"the choice {inner}"
+        else:
+            return None
+    return f"it is a quoted string, not {kind}: drop the quotes ({name}={inner}); expected"
 
 
 def require(ok: bool, name: str, value: Any, allowed: str) -> None:
-    """Raise ``ConfigError("{name}={value!r} is not allowed: {allowed}")`` unless `ok`."""
-    if not ok:
-        raise ConfigError(f"{name}={value!r} is not allowed: {allowed}")
+    """Raise ``ConfigError("{name}={value!r} is not allowed: {allowed}")`` unless `ok`; a value that is
+    not a finite number (inf, nan: YAML's ``.inf``, an override's ``inf`` or ``1e999``) is refused
+    whatever `ok` says (``inf > 0`` holds), with the range `allowed` named."""
+    if not ok or not _finite(value):
+        problem = "" if _finite(value) else "not a finite number; "
+        quoted = quoted_value_problem(value, name) if not ok else None
+        problem = f"{quoted.removesuffix('; expected')}; it " if quoted else problem
+        raise ConfigError(f"{name}={value!r} is not allowed: {problem}{allowed}")
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def refuse_non_finite(obj: Any, prefix: str) -> None:
+    """`ConfigError` for the first float field of the section `obj` that is not finite: the backstop for
+    fields the validate hook's range checks (`require`) do not name."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if not _finite(value):
+            raise ConfigError(
+                f"{prefix}{f.name}={value!r} is not allowed: not a finite number; give a finite one"
+            )

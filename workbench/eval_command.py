@@ -22,7 +22,7 @@ import traceback
 from typing import Any
 
 from workbench.backend.hardware import HardwareError
-from workbench.run import EXIT_CANNOT_START, EXIT_FAILED, EXIT_OK
+from workbench.run import EXIT_CANNOT_START, EXIT_FAILED, EXIT_OK, notices_as_lines
 
 _READ_AS_TRAINED = ("max_length", "text_field", "chat", "tokenizer_path", "tokenizer_vocab_size")
 """The ``data.*`` settings of a checkpoint's run that `eval` keeps: how text became tokens."""
@@ -47,7 +47,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 def run_eval_command(args: argparse.Namespace) -> int:
     """Run ``python -m workbench eval`` for parsed `args`; returns the exit code."""
     try:
-        trainer, described, examples = _set_up(args)
+        with notices_as_lines():
+            trainer, described, examples = _set_up(args)
     except (ValueError, OSError, HardwareError) as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_CANNOT_START
@@ -84,7 +85,7 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, str, int]:
     from workbench.train import Trainer
     from workbench.train.start import load_for_inference
 
-    model_dir = resolve_model_dir(args.model, base=args.base, field="--model")
+    model_dir = resolve_model_dir(args.model, base=args.base, field="--model", notice=_print_notice)
     defaults = load_config(args.config) if args.config else WorkbenchConfig()
     if model_dir.kind == "checkpoint" and not args.config and model_dir.run_config:
         # how the run read its text, not which file it read: its columns and filter fit its own data
@@ -92,7 +93,7 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, str, int]:
         defaults.data = WorkbenchConfig.from_dict(
             {"data": {k: saved[k] for k in _READ_AS_TRAINED if k in saved}}
         ).data
-    model, tokenizer = load_for_inference(args.model, base=args.base)
+    model, tokenizer = load_for_inference(model_dir.path, base=args.base)  # a root's verified step
     # a bf16 checkpoint is evaluated in bf16 (a full fine-tune's fp32 master weights would double it)
     as_loaded = ["train.precision=bf16"] if next(model.parameters()).dtype == torch.bfloat16 else []
     cfg = defaults.with_overrides(
@@ -118,3 +119,8 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, str, int]:
         eval_dataset=records,
     )
     return trainer, model_dir.describe(), len(records)
+
+
+def _print_notice(message: str) -> None:
+    """A notice of this read-only command (a damaged checkpoint skipped): one ``notice:`` line on stderr."""
+    print(f"notice: {message}", file=sys.stderr)

@@ -20,8 +20,11 @@ only: it imports neither torch nor transformers, so the data layer and the CLI c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -88,17 +91,29 @@ def _describe_base(base: ModelDir | None) -> str:
 
 
 def resolve_model_dir(
-    path: str | Path, *, base: str | Path | None = None, field: str = "model directory"
+    path: str | Path,
+    *,
+    base: str | Path | None = None,
+    field: str = "model directory",
+    notice: Callable[[str], None] | None = None,
 ) -> ModelDir:
     """Which kind of model directory `path` is, with its chain of bases; `ModelDirError` when it is none.
 
     `base` overrides an adapter's recorded base. `field` names where the path came from
-    (``--model``, ``model.pretrained_path``) in the errors.
+    (``--model``, ``model.pretrained_path``) in the errors. A checkpoint root gives its newest step
+    that verifies against its manifest; `notice` hears each newer one skipped as damaged (default: a
+    RuntimeWarning, the workbench's notice). Nothing is moved: this only reads.
     """
-    return _resolve(Path(path).expanduser(), base, field, seen=())
+    return _resolve(Path(path).expanduser(), base, field, seen=(), notice=notice)
 
 
-def _resolve(path: Path, base: str | Path | None, field: str, seen: tuple[Path, ...]) -> ModelDir:
+def _resolve(
+    path: Path,
+    base: str | Path | None,
+    field: str,
+    seen: tuple[Path, ...],
+    notice: Callable[[str], None] | None = None,
+) -> ModelDir:
     if not path.is_dir():
         what = "is a file, not a directory" if path.exists() else "does not exist"
         raise ModelDirError(f"{field}={str(path)!r} {what}: give a model directory ({_KINDS})")
@@ -111,13 +126,13 @@ def _resolve(path: Path, base: str | Path | None, field: str, seen: tuple[Path, 
         adapter = _read_json(path / ADAPTER_CONFIG)
         base_path = Path(base).expanduser() if base is not None else _recorded_base(path, adapter, field)
         return ModelDir(
-            "adapter", path, _resolve(base_path, None, "the adapter's base", seen), adapter=adapter
+            "adapter", path, _resolve(base_path, None, "the adapter's base", seen, notice), adapter=adapter
         )
     if all((path / name).is_file() for name in CHECKPOINT_FILES):
-        return _checkpoint(path, field, seen)
+        return _checkpoint(path, field, seen, notice)
     steps = _complete_steps(path)
     if steps:
-        return _checkpoint(steps[-1], field, seen)
+        return _checkpoint(newest_verifying(path, steps, field, notice), field, seen, notice)
     partial = [p.name for p in path.glob("step-*") if p.is_dir()]
     hint = f"; its {', '.join(sorted(partial)[:3])} are incomplete (no manifest.json)" if partial else ""
     found = sorted(p.name for p in path.iterdir())[:8]
@@ -145,13 +160,21 @@ def _recorded_base(path: Path, adapter: dict[str, Any], field: str) -> Path:
             return candidate
     named = next(filter(None, names), None)
     where = f"records its base as {named!r}, which is not a directory here" if named else "records no base"
-    raise ModelDirError(
-        f"{field}={str(path)!r} is a LoRA adapter that {where}: give the base model's directory "
-        "(--base DIR on the command line), or set base_model_name_or_path in its adapter_config.json"
-    )
+    record = f'set "base_model_name_or_path" in {str(path / ADAPTER_CONFIG)!r} to the base model\'s directory'
+    if field == "--model":  # generate and eval take --base
+        fix = f"add --base DIR (the base model's directory), or {record}"
+    elif field == "model.pretrained_path":  # train reads the base from the adapter's files only
+        fix = record + (f", or put the base model back at {named!r}" if named else "")
+    else:
+        fix = (
+            f"give the base model's directory (base=DIR here; --base DIR for generate and eval), or {record}"
+        )
+    raise ModelDirError(f"{field}={str(path)!r} is a LoRA adapter that {where}: {fix}")
 
 
-def _checkpoint(path: Path, field: str, seen: tuple[Path, ...]) -> ModelDir:
+def _checkpoint(
+    path: Path, field: str, seen: tuple[Path, ...], notice: Callable[[str], None] | None = None
+) -> ModelDir:
     config = checkpoint_config(path)
     if config is None:
         raise ModelDirError(
@@ -160,7 +183,7 @@ def _checkpoint(path: Path, field: str, seen: tuple[Path, ...]) -> ModelDir:
         )
     pretrained = (config.get("model") or {}).get("pretrained_path")
     base = (
-        _resolve(Path(pretrained).expanduser(), None, "its run's model.pretrained_path", seen)
+        _resolve(Path(pretrained).expanduser(), None, "its run's model.pretrained_path", seen, notice)
         if pretrained
         else None
     )
@@ -194,6 +217,79 @@ def _complete_steps(root: Path) -> list[Path]:
     `CheckpointManager.checkpoints` keeps: when each was written, then by step."""
     steps = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / "manifest.json").is_file()]
     return sorted(steps, key=lambda p: (checkpoint_written_at(p), _step_of(p)))
+
+
+def newest_verifying(
+    root: Path, steps: list[Path], field: str, notice: Callable[[str], None] | None = None
+) -> Path:
+    """The newest of a checkpoint root's complete `steps` whose files match its manifest, read-only:
+    each newer damaged one is skipped with a notice naming it and what is wrong; `ModelDirError` when
+    none verifies. Hashes only as far back as the first one that verifies."""
+    damaged = []
+    for step in reversed(steps):
+        damage = checkpoint_damage(step)
+        if damage is None:
+            for message in damaged:
+                (notice or _warn)(f"{field}={str(root)!r}: skipped damaged {message}; using {step.name}")
+            return step
+        damaged.append(f"{step.name} ({damage})")
+    raise ModelDirError(
+        f"{field}={str(root)!r}: no checkpoint there verifies against its manifest: {'; '.join(damaged)}. "
+        "Point it at another model directory, or train again (train.resume moves damaged checkpoints aside)"
+    )
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def checkpoint_damage(step_dir: Path) -> str | None:
+    """What is wrong with a complete checkpoint's files (one with a ``manifest.json``), or None when
+    every file the manifest lists is there with its size and SHA-256. A manifest written by another
+    checkpoint format still lists its files: those are checked the same way."""
+    try:
+        manifest = json.loads((step_dir / "manifest.json").read_text())
+        files = manifest["files"]
+        listed = [(str(name), int(meta["bytes"]), str(meta["sha256"])) for name, meta in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return f"manifest.json is unreadable: {type(err).__name__}: {err}"
+    return files_damage(step_dir, listed)
+
+
+def files_damage(step_dir: Path, listed: list[tuple[str, int, str]]) -> str | None:
+    """The first of the (name, bytes, sha256) files under `step_dir` that is missing, of another size or
+    another content, in words; None when all match. Sizes are checked first (a truncated file costs no
+    hash), and a directory whose files verified earlier in this process, unchanged since (size and time of
+    each), is not hashed again: a resume and its load, or a command's lookup and its load, hash it once."""
+    stamps = []
+    for name, size, _ in listed:
+        file = step_dir / name
+        if not file.is_file():
+            return f"{name} is missing"
+        stat = file.stat()
+        if stat.st_size != size:
+            return f"{name} is truncated or overwritten ({stat.st_size} bytes on disk, {size} written)"
+        stamps.append((name, stat.st_size, stat.st_mtime_ns))
+    key = (str(step_dir.resolve()), tuple(listed))
+    if _VERIFIED.get(key) == stamps:
+        return None
+    for name, _, digest in listed:
+        if _sha256(step_dir / name) != digest:
+            return f"{name} is corrupted (its SHA-256 does not match the manifest)"
+    _VERIFIED[key] = stamps
+    return None
+
+
+_VERIFIED: dict[tuple[str, tuple[tuple[str, int, str], ...]], list[tuple[str, int, int]]] = {}
+"""Checkpoint directories whose files matched their manifest in this process, with each file's size and time then."""
+
+
+def _sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def checkpoint_written_at(directory: Path) -> float:

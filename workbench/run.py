@@ -7,9 +7,12 @@ can use: the hardware and a progress bar while it runs, then a short summary on 
 as JSON (``--metrics-out``), the trained model (``--save-pretrained``) and an exit code.
 
 Exit codes: 0 trained (or nothing left to train after a resume); 1 training failed while running
-(the traceback, then one ``error:`` line, on stderr); 2 the run could not start (a bad config or
-override, a missing file, hardware that is not there, data or a mesh that does not work out: one
-``error:`` line on stderr, no traceback); 130 interrupted.
+(the traceback, then one ``error:`` line, on stderr; a loss or gradient norm that is not finite, or a
+time limit whose first step showed no step and its save fit, is the one line alone); 2 the run could
+not start (a bad config or override, a missing file, hardware that is not there, data or a mesh that
+does not work out, a ``train.time_limit`` that leaves no room for the first step, a checkpoint
+directory where no checkpoint verifies: one ``error:`` line on stderr, no traceback); 130 interrupted.
+Never 0 for a run that did nothing.
 
 With ``train.checkpoint_dir`` set, a second run with the same directory resumes from its latest
 checkpoint (``train.resume``, on by default) and continues to ``train.steps``.
@@ -63,16 +66,27 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--save-pretrained",
         metavar="DIR",
-        help="save the trained model with its tokenizer to DIR at the end (Trainer.save_pretrained)",
+        help="save the trained model with its tokenizer to DIR at the end (Trainer.save_pretrained): a new "
+        "or empty directory, or an earlier --save-pretrained output",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --save-pretrained replace a non-empty DIR the workbench did not write (never the run's "
+        "base model or checkpoints)",
     )
 
 
 def run_train_command(args: argparse.Namespace) -> int:
     """Run ``python -m workbench train`` for parsed `args`; returns the exit code."""
-    if getattr(args, "nproc", None) is not None:
+    if getattr(args, "nproc", None) is not None:  # what every rank would refuse is refused here, once
         from workbench.launch import launch
 
-        return launch(args.nproc, _command_line(args))
+        try:
+            cfg = _config(args)
+        except _CANNOT_START as err:
+            return _fail(" ".join(str(err).split()) or type(err).__name__, EXIT_CANNOT_START)
+        return launch(args.nproc, _command_line(args), cfg)
     try:
         trainer, resume_step = _set_up(args)
     except KeyboardInterrupt:
@@ -92,12 +106,19 @@ def run_train_command(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace, trainer: Any, resume_step: int | None) -> int:
     """Fit, save and report a set-up run; returns the exit code."""
-    with _notices_as_lines():
+    from workbench.train.export_dir import ExportDirError
+
+    with notices_as_lines():
         try:
             result = trainer.fit()
         except KeyboardInterrupt:
             _write_metrics(args.metrics_out, trainer, None, "interrupted")
             return _fail(f"interrupted at step {trainer.loop.step}", EXIT_INTERRUPTED)
+        except _run_verdicts() as err:  # inf/nan, or a time limit no step fits: the line says it all
+            _write_metrics(args.metrics_out, trainer, None, "failed")
+            return _fail(
+                " ".join(str(err).split()), EXIT_CANNOT_START if isinstance(err, ValueError) else EXIT_FAILED
+            )
         except Exception as err:
             traceback.print_exc()
             _write_metrics(args.metrics_out, trainer, None, "failed")
@@ -106,7 +127,9 @@ def _train(args: argparse.Namespace, trainer: Any, resume_step: int | None) -> i
     if args.save_pretrained:
         try:
             # every process takes part: gathering a sharded model to the host is collective on a pod
-            saved = trainer.save_pretrained(args.save_pretrained)
+            saved = trainer.save_pretrained(args.save_pretrained, overwrite=getattr(args, "overwrite", False))
+        except ExportDirError as err:  # files appeared in the directory while it trained
+            return _fail(f"--save-pretrained: {err}", EXIT_CANNOT_START)
         except Exception as err:
             traceback.print_exc()
             return _fail(f"--save-pretrained {args.save_pretrained}: {_one_line(err)}", EXIT_FAILED)
@@ -120,15 +143,15 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
     from workbench.backend.hardware import detect
     from workbench.data.records import build_datasets
     from workbench.train import Trainer
+    from workbench.train.clock import check_time_limit
 
-    if args.config is not None and not Path(args.config).is_file():
-        raise FileNotFoundError(f"config file {args.config!r} does not exist")
     if args.save_pretrained and not hasattr(Trainer, "save_pretrained"):
         raise ValueError(
             "--save-pretrained needs Trainer.save_pretrained, which this workbench version lacks"
         )
-    cfg = load_config(args.config, args.overrides)
-    with _notices_as_lines():
+    cfg = _config(args)
+    check_time_limit(cfg.train.time_limit, cfg.train.checkpoint_dir)  # before anything loads
+    with notices_as_lines():
         hw = detect(cfg.train.device_type)  # on XLA this starts the runtime: datasets see their host share
     if not multihost.is_main():  # one progress bar per pod, not one per worker
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, progress_bar=False))
@@ -140,13 +163,33 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
         notice = gpu_notice(hw.local_devices, _command_line(args))
         if notice is not None:
             multihost.print_on_main(f"notice: {notice}", file=sys.stderr)
-    train_ds, eval_ds, tokenizer = build_datasets(cfg)
-    with _notices_as_lines():
+    with notices_as_lines():  # data loading's notices (the format found, records left out) too
+        train_ds, eval_ds, tokenizer = build_datasets(cfg)
         trainer = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=eval_ds, hardware=hw)
     if trainer.ranks is not None:  # what each rank holds of the model
         multihost.print_on_main(f"ranks: {trainer.ranks.describe()}\n" + "\n".join(trainer.sharding_report))
-    latest = trainer.checkpoints.latest() if trainer.checkpoints is not None and cfg.train.resume else None
+    with notices_as_lines():  # a damaged newest checkpoint is moved aside with a notice
+        latest = (
+            trainer.checkpoints.latest() if trainer.checkpoints is not None and cfg.train.resume else None
+        )
     return trainer, (trainer.checkpoints.manager.step_of(latest) if latest is not None else None)
+
+
+def _config(args: argparse.Namespace) -> WorkbenchConfig:
+    """The run's config from ``--config`` and the overrides, and its ``--save-pretrained`` directory
+    checked as the save at the end will check it (so a refusal comes before training, not after)."""
+    if args.config is not None and not Path(args.config).is_file():
+        raise FileNotFoundError(f"config file {args.config!r} does not exist")
+    cfg = load_config(args.config, args.overrides)
+    if args.save_pretrained:
+        from workbench.train.export_dir import check_export_dir, run_protected_dirs
+
+        check_export_dir(
+            args.save_pretrained,
+            overwrite=getattr(args, "overwrite", False),
+            protected=run_protected_dirs(cfg),
+        )
+    return cfg
 
 
 def _header(args: argparse.Namespace, cfg: WorkbenchConfig, hw: Any) -> str:
@@ -263,8 +306,9 @@ def _plain(value: Any) -> Any:
 
 
 @contextmanager
-def _notices_as_lines() -> Iterator[None]:
-    """The workbench's own RuntimeWarnings (its notices) as ``notice: ...`` lines, on the main process."""
+def notices_as_lines() -> Iterator[None]:
+    """The workbench's own RuntimeWarnings (its notices) as ``notice: ...`` lines, on the main process
+    (every command that loads data or models: ``train``, ``eval``, ``generate``)."""
     package = str(Path(__file__).resolve().parent)
     with warnings.catch_warnings():
         default = warnings.showwarning
@@ -279,12 +323,26 @@ def _notices_as_lines() -> Iterator[None]:
         yield
 
 
+def _run_verdicts() -> tuple[type[BaseException], ...]:
+    """What stops a run on purpose once it started, with a message that is the whole story (no traceback):
+    a loss that is not finite (exit 1), a time limit that holds no step (exit 2 before the first, 1 after)."""
+    from workbench.train.clock import TimeLimitError, TimeLimitExceededError
+    from workbench.train.finite import NonFiniteLossError
+
+    return (NonFiniteLossError, TimeLimitError, TimeLimitExceededError)
+
+
 def _one_line(err: BaseException) -> str:
     return " ".join(f"{type(err).__name__}: {err}".split())
 
 
 def _fail(message: str, code: int) -> int:
     count = multihost.process_count()
+    if code == EXIT_CANNOT_START and count > 1:
+        from workbench.launch import report_rank_error
+
+        if report_rank_error(message):  # `train --nproc` prints it once for every rank that found it
+            return code
     rank = f"rank {multihost.process_index()} of {count}: " if count > 1 else ""
     print(f"error: {rank}{message}", file=sys.stderr, flush=True)
     return code

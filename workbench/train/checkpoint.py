@@ -39,7 +39,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -48,10 +48,13 @@ from typing import Any
 import torch
 
 from workbench.backend import process_group
-from workbench.model_dirs import STEP_DIR, checkpoint_written_at
+from workbench.model_dirs import STEP_DIR, checkpoint_written_at, files_damage
+from workbench.train.finite import NonFiniteStateError, first_non_finite
 from workbench.train.state_io import (
     FORMAT_VERSION,
     CheckpointError,
+    DamagedCheckpointError,
+    NoCheckpointVerifiesError,
     files_under,
     flatten_state,
     fsync_dir,
@@ -121,7 +124,13 @@ class CheckpointManager:
     """
 
     def __init__(
-        self, root: str | Path, keep: int = 2, *, sharded: bool = False, across_ranks: bool = False
+        self,
+        root: str | Path,
+        keep: int = 2,
+        *,
+        sharded: bool = False,
+        across_ranks: bool = False,
+        refuse_non_finite: bool = False,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep!r} is not allowed: must be >= 1")
@@ -130,6 +139,8 @@ class CheckpointManager:
         self.sharded = bool(sharded)
         self.across_ranks = bool(across_ranks)
         """Every rank of a torchrun launch saves together (collective: all call `save`)."""
+        self.refuse_non_finite = bool(refuse_non_finite)
+        """`write` raises `NonFiniteStateError` (writing nothing) for a state holding inf or nan."""
 
     # ---- finding ----
     def checkpoints(self) -> list[Path]:
@@ -158,6 +169,40 @@ class CheckpointManager:
         if self.across_ranks:
             path = process_group.broadcast_object(path)
         return path
+
+    def newest_verified(self, notice: Callable[[str], None]) -> Path | None:
+        """The most recently written checkpoint that verifies, or None when there is none; each newer
+        damaged one (`DamagedCheckpointError`: a file missing, truncated or corrupted, an unreadable
+        manifest) is moved aside, never deleted, as ``step-N.damaged-<what>-<time>``, and `notice` says so.
+        Hashes only as far back as the first that verifies. `NoCheckpointVerifiesError` when every one
+        was damaged. Across ranks the main rank checks and moves; every rank gets its answer."""
+        path, moved = None, []
+        if self._main():
+            for candidate in reversed(self.checkpoints()):
+                try:
+                    self.verify(candidate)
+                except DamagedCheckpointError as err:
+                    moved.append(self._move_aside(candidate, err, notice))
+                    continue
+                path = candidate
+                break
+        if self.across_ranks:
+            path, moved = process_group.broadcast_object((path, moved))
+        if path is None and moved:
+            raise NoCheckpointVerifiesError(
+                f"no checkpoint under {str(self.root)!r} verifies: each was moved aside and kept ({', '.join(moved)}; "
+                "the notices above say what is wrong with each). Re-run to start from step 0, or set "
+                "train.checkpoint_dir to another directory"
+            )
+        return path
+
+    def _move_aside(self, path: Path, err: DamagedCheckpointError, notice: Callable[[str], None]) -> str:
+        """Rename a damaged checkpoint out of the resume's way, with a notice; returns its new name."""
+        aside = path.with_name(f"{path.name}.damaged-{err.reason}-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.replace(path, aside)
+        fsync_dir(self.root)
+        notice(f"{err}: moved aside as {aside.name} (kept, not deleted); a resume looks at the one before it")
+        return aside.name
 
     def _main(self) -> bool:
         """Whether this process does what only one rank of a torchrun launch may (always, off torchrun)."""
@@ -221,6 +266,7 @@ class CheckpointManager:
         """Write a `snapshot` as its checkpoint, atomically (temporary directory, fsync, rename); prune
         to the newest `keep`. Touches no device: it runs on a background thread while training goes on.
         Across ranks every rank calls it: each writes its shards, the main rank the rest."""
+        self._refuse_non_finite(snap)
         main = self._main()
         if main:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -243,6 +289,17 @@ class CheckpointManager:
         if self.across_ranks:  # nobody reads the checkpoint before it is in place
             process_group.barrier()
         return final
+
+    def _refuse_non_finite(self, snap: HostSnapshot) -> None:
+        """`NonFiniteStateError` before anything is written, when ``refuse_non_finite`` and the snapshot
+        holds inf or nan (`workbench.train.finite`); across ranks every rank raises if any found one."""
+        if not self.refuse_non_finite:
+            return
+        found = first_non_finite({**snap.files, **snap.sharded})
+        if self.across_ranks:  # a save is collective: every rank stops, or none
+            found = next((f for f in process_group.gather_objects(found) if f is not None), None)
+        if found is not None:
+            raise NonFiniteStateError(snap.step, *found)
 
     def _write_parts(self, snap: HostSnapshot, tmp: Path, final: Path, *, main: bool) -> None:
         """The files of `snap` into `tmp`, then (main rank) the index, the manifest and the rename to `final`."""
@@ -343,9 +400,11 @@ class CheckpointManager:
             )
         try:
             manifest = json.loads(manifest_path.read_text())
-            files = manifest["files"]
-        except (ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"checkpoint {str(path)!r} has an unreadable {MANIFEST}: {err}") from None
+            listed = [(str(n), int(m["bytes"]), str(m["sha256"])) for n, m in manifest["files"].items()]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise DamagedCheckpointError(
+                f"checkpoint {str(path)!r} has an unreadable {MANIFEST}: {err}", "bad-manifest"
+            ) from None
         if manifest.get("format_version") != FORMAT_VERSION:
             written_by = manifest.get("workbench_version")
             if written_by == "unknown":  # written from a source tree that was never installed
@@ -359,20 +418,10 @@ class CheckpointManager:
                 f"format {FORMAT_VERSION}: continue it with {install}, or start fresh with train.resume=false "
                 "or another train.checkpoint_dir"
             )
-        for name, meta in files.items():
-            file = path / name
-            if not file.is_file():
-                raise CheckpointError(f"checkpoint {str(path)!r} is missing {name}")
-            size = file.stat().st_size
-            if size != meta["bytes"]:
-                raise CheckpointError(
-                    f"checkpoint {str(path)!r}: {name} is truncated or overwritten "
-                    f"({size} bytes on disk, {meta['bytes']} written)"
-                )
-            if sha256(file) != meta["sha256"]:
-                raise CheckpointError(
-                    f"checkpoint {str(path)!r}: {name} is corrupted (SHA-256 does not match the manifest)"
-                )
+        damage = files_damage(path, listed)
+        if damage is not None:
+            reason = next((w for w in ("missing", "truncated", "corrupted") if w in damage), "damaged")
+            raise DamagedCheckpointError(f"checkpoint {str(path)!r}: {damage}", reason)
         return manifest
 
     def saved_config(self, path: str | Path) -> dict[str, Any] | None:

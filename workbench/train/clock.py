@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench.backend import runtime
-from workbench.units import format_duration
+from workbench.units import duration_or_none, format_duration
 
 SAFETY = 1.25
 """Every measured duration is planned at this multiple: steps and writes vary (a busy host, a slow mount)."""
@@ -24,6 +24,31 @@ ASSUMED_WRITE_BYTES_PER_S = 50e6
 at tens of MB/s); replaced by the slowest save measured once there is one."""
 ASSUMED_SAVE_OVERHEAD_S = 2.0
 """Fixed cost assumed for a save not yet measured: directories, fsyncs, the manifest."""
+
+
+class TimeLimitError(ValueError):
+    """``train.time_limit`` leaves no room for one step and its save, known before the first step: the run
+    cannot start (the CLI exits 2) and writes nothing."""
+
+
+class TimeLimitExceededError(RuntimeError):
+    """The steps' measured time shows ``train.time_limit`` cannot hold a step and its save: the run stopped
+    with nothing of its own checkpointed (the CLI exits 1), never a success with nothing done."""
+
+
+def check_time_limit(limit: float | str | None, checkpoint_dir: str | None) -> None:
+    """Refuse, before anything loads, a ``train.time_limit`` shorter than a checkpoint's save alone is
+    planned at (`ASSUMED_SAVE_OVERHEAD_S` x `SAFETY`, without any state): no step could ever be kept."""
+    seconds = duration_or_none(limit) if limit is not None else None
+    need = SAFETY * ASSUMED_SAVE_OVERHEAD_S
+    if seconds is None or not checkpoint_dir or seconds >= need:
+        return
+    raise TimeLimitError(
+        f"train.time_limit={limit!r} ({format_duration(seconds)}) cannot hold one step and its save: with "
+        f"train.checkpoint_dir set a save alone is planned at {format_duration(need)} or more, before loading, "
+        "warm-up and the step itself. Give train.time_limit the session's length (e.g. '8h' or '20m'), or "
+        "null for no limit"
+    )
 
 
 class ThroughputClock:
@@ -85,6 +110,8 @@ class TimeBudget:
         self.save_s: float | None = None
         self.assumed_save_s = 0.0
         self.saving = False
+        self.training_from: float | None = None
+        """When the first step could start (the first `must_stop`): what loading and warm-up took before it."""
 
     def expect_saves(self, state_bytes: int | None) -> None:
         """The run checkpoints `state_bytes` of state (None: it writes no checkpoint, nothing to plan)."""
@@ -124,6 +151,8 @@ class TimeBudget:
         now = self.clock()
         if self._last_check is not None:
             self.steps.append(now - self._last_check - self._eval_since_check)
+        else:
+            self.training_from = now
         self._last_check, self._eval_since_check = now, 0.0
         left = self.left()
         if left is None:
@@ -148,6 +177,34 @@ class TimeBudget:
             return total
         room = left / SAFETY - self._final_save_s()
         return min(total, step + max(0, math.floor(room / per_step)))
+
+    def no_step_error(self, limit: Any, checkpoint: str | None) -> TimeLimitError:
+        """The run stopped before its first step: what the limit left, what a save needs, the fix."""
+        before = (self.training_from or self.clock()) - self.start
+        save = SAFETY * self._final_save_s()
+        planned = f", and a save is planned at {format_duration(save)}" if save else ""
+        stands = f"; checkpoint {checkpoint} stands as it was" if checkpoint else ""
+        return TimeLimitError(
+            f"train.time_limit={limit!r} leaves no room for one step: loading, data and warm-up took "
+            f"{format_duration(before)} ({format_duration(max(0.0, self.left() or 0.0))} left when training "
+            f"could start){planned}; nothing was written{stands}. Raise train.time_limit well above "
+            f"{format_duration(before + save)} (the session's length, e.g. '8h'), or null for no limit"
+        )
+
+    def nothing_kept_error(self, limit: Any, step: int, checkpoint: str | None) -> TimeLimitExceededError:
+        """The run made steps but the limit left no room to checkpoint any: the measured step and save
+        times and the limit they need."""
+        before = (self.training_from or self.start) - self.start
+        step_s, save_s = self._step_s(), self._final_save_s()
+        need = before + SAFETY * (step_s + save_s)
+        stands = f"checkpoint {checkpoint} stands as it was" if checkpoint else "no checkpoint was written"
+        return TimeLimitExceededError(
+            f"train.time_limit={limit!r} cannot hold a step and its save: a step took {format_duration(step_s)} "
+            f"and a save is planned at {format_duration(save_s)}, so the run stopped at step {step} with none "
+            f"of its steps checkpointed ({stands}). Raise train.time_limit above {format_duration(need)} "
+            "(loading and warm-up included), or make a step faster (a smaller train.batch_size or "
+            "data.max_length)"
+        )
 
     def stop_notice(self, step: int, total: int, checkpoint: str | None, *, resume: bool = True) -> str:
         """What the run says when the limit stops it: where, what was kept, how to go on."""

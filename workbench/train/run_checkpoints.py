@@ -21,6 +21,7 @@ from typing import Any
 
 from workbench.config import TrainConfig
 from workbench.train.checkpoint import CheckpointManager, HostSnapshot
+from workbench.train.finite import FiniteGuard, NonFiniteLossError, NonFiniteStateError
 from workbench.train.state_io import CheckpointError
 from workbench.units import duration_with_unit
 
@@ -36,10 +37,20 @@ class RunCheckpoints:
         sharded: bool,
         clock: Callable[[], float] = time.monotonic,
         ranks: Any = None,
+        notice: Callable[[str], None] | None = None,
+        guard: FiniteGuard | None = None,
     ) -> None:
         self.manager = CheckpointManager(
-            train.checkpoint_dir, keep=train.keep_checkpoints, sharded=sharded, across_ranks=ranks is not None
+            train.checkpoint_dir,
+            keep=train.keep_checkpoints,
+            sharded=sharded,
+            across_ranks=ranks is not None,
+            refuse_non_finite=True,  # a state holding inf or nan never replaces a good checkpoint
         )
+        self.notice = notice or (lambda message: warnings.warn(message, RuntimeWarning, stacklevel=3))
+        """Hears a damaged checkpoint moved aside by `latest`."""
+        self.guard = guard
+        """The run's `FiniteGuard`: a save refused for inf or nan raises its `NonFiniteLossError`."""
         every = train.checkpoint_every
         self.every_s = duration_with_unit(every)
         self.every_steps = every if isinstance(every, int) else 0
@@ -59,6 +70,7 @@ class RunCheckpoints:
         self._writer: threading.Thread | None = None
         self._write_started: float | None = None
         self._failure: tuple[int, BaseException] | None = None
+        self._before: tuple[str | None, int | None] = (None, None)
 
     def due(self, step: int) -> bool:
         """Whether the loop should save after `step`: its step cadence, or its time cadence elapsed. A
@@ -75,6 +87,7 @@ class RunCheckpoints:
         start = self.clock()
         self.wait()  # one write in flight at most; a failed one raises here
         copied = self.clock()
+        self._before = (self.path, self.step)  # what stands if this write is refused
         snap = self.manager.snapshot(step, state(), copy=self.background and not wait)
         self.path, self.step = str(self.manager.path_for(step)), step
         if self.background and not wait:
@@ -114,13 +127,24 @@ class RunCheckpoints:
             self._writer = None
         self._raise_failure()
 
+    def settled_path(self, notice: Callable[[str], None]) -> str | None:
+        """The newest checkpoint written whole and finite, after the write in flight: one refused for inf
+        or nan leaves the one before it; one that failed is said through `notice` (and leaves none)."""
+        try:
+            self.wait()
+        except NonFiniteLossError:
+            pass
+        except CheckpointError as err:
+            notice(str(err))
+        return self.path
+
     def settle(self, notice: Callable[[str], None]) -> None:
         """`wait`, at the end of training. When training is failing already (called while its exception
         propagates), a failed write does not replace that error: `notice` says it beside it."""
         failing = sys.exc_info()[0] is not None
         try:
             self.wait()
-        except CheckpointError as err:
+        except (CheckpointError, NonFiniteLossError) as err:
             if not failing:
                 raise
             notice(str(err))
@@ -130,6 +154,10 @@ class RunCheckpoints:
             return
         step, err = self._failure
         self._failure = None
+        if isinstance(err, NonFiniteStateError):  # not a failed write: training went wrong
+            self.path, self.step = self._before  # the last good checkpoint stands
+            guard = self.guard or FiniteGuard()
+            raise guard.error(step, f"state to checkpoint ({err.key})", err.value, self.path)
         self.path = self.step = None
         raise CheckpointError(
             f"the checkpoint of step {step} could not be written under {str(self.manager.root)!r}: "
@@ -142,9 +170,10 @@ class RunCheckpoints:
         return self._writer is not None and self._writer.is_alive()
 
     def latest(self) -> Path | None:
-        """The checkpoint a resume would load (after the write in flight, if any, completes)."""
+        """The checkpoint a resume would load (after the write in flight, if any, completes): the newest
+        that verifies, each newer damaged one moved aside with a notice (`CheckpointManager.newest_verified`)."""
         self.wait()
-        return self.manager.latest()
+        return self.manager.newest_verified(self.notice)
 
     def loaded(self, path: Path, step: int) -> None:
         """Record that the live state is checkpoint `path` (a resume): no need to save it again."""

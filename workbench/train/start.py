@@ -63,10 +63,16 @@ class StartingModel:
 
 
 def load_for_inference(
-    path: str | Path, *, base: str | Path | None = None, attn_implementation: str = "eager"
+    path: str | Path,
+    *,
+    base: str | Path | None = None,
+    attn_implementation: str = "eager",
+    notice: Callable[[str], None] | None = None,
 ) -> tuple[Any, Any]:
-    """(model, tokenizer) from any model directory; a `ModelDirError` (a ValueError) says what is wrong."""
-    model_dir = resolve_model_dir(path, base=base, field="--model")
+    """(model, tokenizer) from any model directory; a `ModelDirError` (a ValueError) says what is wrong.
+    A checkpoint root gives its newest step that verifies; `notice` hears each damaged newer one skipped
+    (read-only: nothing is moved)."""
+    model_dir = resolve_model_dir(path, base=base, field="--model", notice=notice)
     try:
         tokenizer = load_tokenizer(model_dir)
         model, carried = _weights(model_dir, tokenizer, attn_implementation)
@@ -189,8 +195,12 @@ def _adapter_from_files(model_dir: ModelDir) -> CarriedAdapter:
 def _checkpoint_model_tensors(path: Path) -> dict[str, torch.Tensor]:
     """The ``model`` part of a training checkpoint, on the host (the manifest verified first)."""
     from workbench.train.checkpoint import CheckpointManager
+    from workbench.train.state_io import CheckpointError
 
-    state = CheckpointManager(path.parent).load(path, parts=("model",))
+    try:
+        state = CheckpointManager(path.parent).load(path, parts=("model",))
+    except CheckpointError as err:  # damaged or from another format: the user's to fix, not a crash
+        raise ModelDirError(str(err)) from None
     return dict(state["model"])
 
 

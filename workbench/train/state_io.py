@@ -33,6 +33,20 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete, truncated or corrupted; the message says which file and why."""
 
 
+class DamagedCheckpointError(CheckpointError):
+    """A complete checkpoint's files no longer match its manifest (a file missing, truncated or corrupted,
+    the manifest unreadable): damage after the write, which a resume steps back over. `reason`: one word
+    for it (``missing``, ``truncated``, ``corrupted``, ``bad-manifest``)."""
+
+    def __init__(self, message: str, reason: str = "damaged") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NoCheckpointVerifiesError(CheckpointError, ValueError):
+    """Every checkpoint under a run's directory is damaged: nothing to resume from (the run cannot start)."""
+
+
 def flatten_state(state: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
     """Split a nested state into a JSON-able structure and a flat ``{key: tensor}`` dict.
 

@@ -45,8 +45,10 @@ from workbench.models.scan import scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
 from workbench.train import warmup
-from workbench.train.clock import ThroughputClock, TimeBudget
+from workbench.train.clock import ThroughputClock, TimeBudget, check_time_limit
 from workbench.train.distill import DistillationObjective, DistillSettings
+from workbench.train.export_dir import run_protected_dirs
+from workbench.train.finite import FiniteGuard
 from workbench.train.ladder import batch_ladder
 from workbench.train.lora import save_model
 from workbench.train.model_setup import precision_notices, run_model
@@ -116,6 +118,7 @@ class Trainer:
     ) -> None:
         train = cfg.train
         self.budget = TimeBudget(duration_or_none(train.time_limit))  # the session's time counts from here
+        check_time_limit(train.time_limit, train.checkpoint_dir)  # a limit no save fits in: before loading
         self.cfg = cfg
         self.hw = hardware or detect(train.device_type)
         self.compile_cache = cache = enable_compile_cache(train.compile_cache_dir, self.hw)  # before compiles
@@ -175,10 +178,10 @@ class Trainer:
         self.training_state = TrainingState(
             self.model, self.objective, self.optimizer, self.scheduler, self.loop, self.xla
         )
-        self.checkpoints = None
+        self.checkpoints, self.guard = None, FiniteGuard(train.learning_rate, train.precision)
         if train.checkpoint_dir:
-            self.checkpoints = RunCheckpoints(train, sharded=self.mesh is not None, ranks=self.ranks)
-            self.checkpoints.on_saved = self.budget.save_done
+            saves = RunCheckpoints(train, sharded=self.mesh is not None, ranks=self.ranks, guard=self.guard)
+            self.checkpoints, saves.on_saved, saves.notice = saves, self.budget.save_done, self._notice
         self.history: list[RunMetrics] = []
         self.last_eval_loss: float | None = None
         self.ladder: list[int] = [train.batch_size]
@@ -263,12 +266,22 @@ class Trainer:
         self._notice(f"resumed from {path} at step {self.loop.step}")
         return path
 
-    def save_pretrained(self, path: str | Path, merged: bool = False) -> Path:
+    def save_pretrained(self, path: str | Path, merged: bool = False, overwrite: bool = False) -> Path:
         """Export the model with the tokenizer beside it: a LoRA run as a peft adapter directory
         (`peft.PeftModel.from_pretrained(base, path)` loads it), a merged LoRA model (``merged=True``)
         or a full fine-tune as a `transformers` model directory (`workbench.train.lora.save_model`).
-        Under torchrun every rank calls it (FSDP2 shards are gathered) and the main rank writes."""
-        return save_model(self.model, path, merged=merged, tokenizer=self.tokenizer, write=self.is_main)
+        `path` is new, empty or an earlier export (``overwrite=True``: any directory but the run's base
+        model and checkpoints). Under torchrun every rank calls it (FSDP2 shards are gathered) and the
+        main rank writes."""
+        return save_model(
+            self.model,
+            path,
+            merged=merged,
+            tokenizer=self.tokenizer,
+            write=self.is_main,
+            overwrite=overwrite,
+            protected=run_protected_dirs(self.cfg),
+        )
 
     def close(self, *, failed: bool = False) -> None:
         """This process is done with a torchrun launch (no-op otherwise): the others stop waiting for it,
@@ -295,8 +308,9 @@ class Trainer:
         self.profiler = make_profiler(self, prewarmed=warm > 0)
         clock, bar = ThroughputClock(self.xla), _progress_bar(train, initial=self.loop.step)
         self.budget.expect_saves(self.training_state.nbytes() if self.checkpoints is not None else None)
+        start_step = self.loop.step  # a time-limited run that keeps no step of its own must say so
         try:
-            while self.loop.step < train.steps and not self._out_of_time():
+            while self.loop.step < train.steps and not out_of_time(self):
                 self._step(clock, bar, warm)
         finally:
             bar.close()
@@ -307,7 +321,7 @@ class Trainer:
             runtime.wait_device_ops()
         tokens_per_s = clock.tokens_per_s(time.perf_counter())
         stopped = self.loop.step < train.steps
-        save_final_state(self, clock, stopped)
+        save_final_state(self, clock, stopped, start_step)
         step_compiles = runtime.compile_count() - compiles_before - clock.paused_compiles if self.xla else 0
         return TrainResult(
             history=self.history,
@@ -322,19 +336,10 @@ class Trainer:
             time_limited=stopped,
         )
 
-    def _out_of_time(self) -> bool:
-        """Whether ``train.time_limit`` leaves no room for another step, its eval and a final save."""
-        evals = self.data.eval_dataset is not None and self._due(
-            self.cfg.train.eval_every, self.loop.step + 1
-        )
-        writing = self.checkpoints.in_flight_s() if self.checkpoints is not None else 0.0
-        stop = self.budget.must_stop(eval_next=evals, write_in_flight_s=writing)
-        return main_decides(self, stop, timed=self.budget.limit_s is not None)
-
     def _step(self, clock: ThroughputClock, bar: Any, warm: int) -> None:
         """One optimizer step: take its batches, run it, count it; then eval, log and save when due."""
         train, loop = self.cfg.train, self.loop
-        self._maybe_grow_batch()
+        maybe_grow_batch(self)
         wait_start = time.perf_counter()
         batches, infos = zip(*(self._stream.next() for _ in range(train.grad_accum)))
         input_wait = time.perf_counter() - wait_start
@@ -375,30 +380,50 @@ class Trainer:
         self.history.append(metrics)
         for callback in self.callbacks:
             callback(metrics)
+        saves = self.checkpoints  # inf or nan stops the run, naming the last good checkpoint
+        self.guard.check(metrics, lambda: saves.settled_path(self._notice) if saves is not None else None)
         bar.update(self.loop.step - bar.n)
         if metrics["loss"] is not None:
             bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
 
-    def _maybe_grow_batch(self) -> None:
-        every, loop = self.cfg.train.dynamic_batch_every, self.loop
-        bigger = [b for b in self.ladder if b > loop.batch_size]
-        if not every or loop.step == 0 or loop.step % every or not bigger:
-            return
-        old = loop.batch_size
-        loop.resize_batch(bigger[0])
-        self._open_stream()
-        self._notice(f"dynamic batch: step {loop.step}: batch {old} -> {loop.batch_size}")
+
+def out_of_time(trainer: Trainer) -> bool:
+    """Whether ``train.time_limit`` leaves no room for another step, its eval and a final save."""
+    evals = trainer.data.eval_dataset is not None and trainer._due(
+        trainer.cfg.train.eval_every, trainer.loop.step + 1
+    )
+    writing = trainer.checkpoints.in_flight_s() if trainer.checkpoints is not None else 0.0
+    stop = trainer.budget.must_stop(eval_next=evals, write_in_flight_s=writing)
+    return main_decides(trainer, stop, timed=trainer.budget.limit_s is not None)
 
 
-def save_final_state(trainer: Trainer, clock: ThroughputClock, stopped: bool) -> None:
+def maybe_grow_batch(trainer: Trainer) -> None:
+    """Dynamic batching: the next batch size of the ladder every ``train.dynamic_batch_every`` steps."""
+    every, loop = trainer.cfg.train.dynamic_batch_every, trainer.loop
+    bigger = [b for b in trainer.ladder if b > loop.batch_size]
+    if not every or loop.step == 0 or loop.step % every or not bigger:
+        return
+    old = loop.batch_size
+    loop.resize_batch(bigger[0])
+    trainer._open_stream()
+    trainer._notice(f"dynamic batch: step {loop.step}: batch {old} -> {loop.batch_size}")
+
+
+def save_final_state(trainer: Trainer, clock: ThroughputClock, stopped: bool, start_step: int) -> None:
     """The run's last checkpoint, unless the loop (or a resume) has its step, or the time limit leaves no
-    room for it (the last complete checkpoint then stands); the time limit's notice when it `stopped` the run."""
+    room for it (the last complete checkpoint then stands); the time limit's notice when it `stopped` the run.
+    A run the limit `stopped` before its first step raises `TimeLimitError` (nothing written); one that
+    made steps but checkpointed none of them since `start_step`, `TimeLimitExceededError`."""
     saves, loop, train = trainer.checkpoints, trainer.loop, trainer.cfg.train
+    if stopped and loop.step == start_step:
+        raise trainer.budget.no_step_error(train.time_limit, trainer.checkpoint_path)
     if saves is not None and saves.step != loop.step:
         if main_decides(trainer, trainer.budget.final_save_fits(), timed=trainer.budget.limit_s is not None):
             clock.paused(trainer.save_checkpoint)
         else:
             trainer._notice(f"time limit: no room for a save of step {loop.step}; the last checkpoint stands")
+    if stopped and saves is not None and (saves.step is None or saves.step <= start_step):
+        raise trainer.budget.nothing_kept_error(train.time_limit, loop.step, trainer.checkpoint_path)
     if stopped:
         notice = trainer.budget.stop_notice(
             loop.step, train.steps, trainer.checkpoint_path, resume=train.resume
