@@ -205,15 +205,42 @@ def test_save_every_path_goes_through_the_same_guard(models, adapter, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "file", "mine"]
 
 
+def test_save_through_a_symlink_writes_where_it_points_and_keeps_the_link(tmp_path):
+    """``--save-pretrained out`` where ``out`` links to a folder elsewhere (a Drive mount): the export goes
+    there, an earlier one there is replaced whole, and the link stays a link."""
+    from workbench.train.export_dir import EXPORT_MARKER, check_export_dir, staged_export
+
+    elsewhere = tmp_path / "drive" / "out"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / EXPORT_MARKER).write_text("{}")
+    (elsewhere / "model.safetensors").write_text("old")
+    link = tmp_path / "local" / "out"
+    link.parent.mkdir()
+    link.symlink_to(elsewhere, target_is_directory=True)
+    for _ in range(2):  # over an earlier export, then over its own
+        with staged_export(check_export_dir(link), kind="transformers") as staging:
+            (staging / "model.safetensors").write_text("new")
+        assert link.is_symlink() and link.resolve() == elsewhere.resolve()
+        assert (elsewhere / "model.safetensors").read_text() == "new"
+        assert (elsewhere / EXPORT_MARKER).is_file()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
+        ["drive", "out", "local", "out", EXPORT_MARKER, "model.safetensors"]
+    )  # nothing left beside either
+
+
 # ---- exit codes through --nproc (item 5) --------------------------------------------------------------
 
 
-def test_nproc_refuses_what_every_rank_would_refuse_before_launching():
-    for setting, words in [
-        ("mesh.model=2", "mesh.model=2 is not supported across torchrun processes"),
-        ("train.batch_size=3", "train.batch_size=3 is the global batch, not divisible by"),
+def test_nproc_refuses_what_every_rank_would_refuse_before_launching(tmp_path):
+    for settings, words in [
+        (["mesh.model=2"], "mesh.model=2 is not supported across torchrun processes"),
+        (["train.batch_size=3"], "train.batch_size=3 is the global batch, not divisible by"),
+        (
+            ["train.time_limit=0.5", f"train.checkpoint_dir={tmp_path / 'ckpt'}"],
+            "train.time_limit=0.5 (0.5s) cannot hold one step and its save",
+        ),
     ]:
-        code, _, err = run_cli("train", "--nproc", "2", *TINY_RUN, setting)
+        code, _, err = run_cli("train", "--nproc", "2", *TINY_RUN, *settings)
         assert words in one_error(code, err), err[-3000:]
         assert "starting 2 ranks" not in err  # no rank was started
 
@@ -225,6 +252,25 @@ def test_nproc_a_configuration_error_in_the_ranks_exits_2_with_one_line(tmp_path
     line = one_error(code, err)
     assert line.startswith("error: ") and f"data.tokenizer_path={str(missing)!r} is not a directory" in line
     assert "rank" in line and "ChildFailedError" not in err and "exitcode" not in err, err[-3000:]
+
+
+def test_nproc_1_a_ranks_configuration_error_is_one_line(tmp_path, monkeypatch, capsys):
+    """``--nproc 1``: the one rank's configuration error goes to the launch's error directory like any
+    rank's (the launch prints it), not to stderr beside the launch's own line."""
+    from workbench.launch import LAUNCH_ERRORS_ENV, _rank_errors
+    from workbench.run import _fail
+
+    for name, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(LAUNCH_ERRORS_ENV, str(tmp_path))
+    assert _fail("train.steps=0 is not allowed: must be >= 1", 2) == 2
+    assert "error:" not in capsys.readouterr().err
+    assert _rank_errors(tmp_path, 1) == ["error: rank 0 of 1: train.steps=0 is not allowed: must be >= 1"]
 
 
 # ---- messages that name what the user typed and a fix (item 6) -----------------------------------------
@@ -259,6 +305,38 @@ def test_message_every_quoted_value_of_a_typed_field_gets_the_quoted_string_mess
         ConfigError, match=r"train.steps='5' is not allowed: it is a quoted string, not a number"
     ):
         WorkbenchConfig.from_yaml('train: {steps: "5"}\n')
+
+
+def test_message_a_number_the_user_did_not_quote_is_never_called_quoted():
+    """The class: an unquoted value that is not of the field's type (2.5 for an int, 1e3 for an int, inf
+    where a duration goes) gets the plain message, never 'drop the quotes' with the same text as the
+    fix; a YAML float that YAML 1.1 reads as text (1e-4) is told how to write it so it reads a number."""
+    from workbench.config import ConfigError, WorkbenchConfig
+
+    for override in (
+        "train.steps=2.5",
+        "train.batch_size=8.0",
+        "train.steps=1e3",
+        "train.checkpoint_every=2.5",
+    ):
+        with pytest.raises(ConfigError) as caught:
+            WorkbenchConfig().with_overrides([override])
+        message = str(caught.value)
+        assert "quoted" not in message, message
+        assert "is not allowed: expected int" in message or "must be steps >= 0" in message, message
+    for typed in ("inf", '"inf"', "1e999"):  # without quotes it is refused all the same: no such advice
+        with pytest.raises(ConfigError) as caught:
+            WorkbenchConfig().with_overrides([f"train.checkpoint_every={typed}"])
+        assert "quoted" not in str(caught.value) and "must be steps >= 0" in str(caught.value), typed
+    with pytest.raises(ConfigError) as caught:
+        WorkbenchConfig.from_yaml("train: {learning_rate: 1e-4}\n")
+    message = str(caught.value)
+    assert "train.learning_rate='1e-4' is not allowed: YAML reads 1e-4 as text" in message, message
+    assert "write 0.0001" in message and "quoted" not in message
+    assert WorkbenchConfig.from_yaml("train: {learning_rate: 0.0001}\n").train.learning_rate == 1e-4
+    with pytest.raises(ConfigError, match=r"YAML reads 3e-05 as text.*write 3.0e-05"):
+        WorkbenchConfig.from_yaml("train: {learning_rate: 3e-05}\n")
+    assert WorkbenchConfig.from_yaml("train: {learning_rate: 3.0e-05}\n").train.learning_rate == 3e-05
 
 
 def test_message_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path):

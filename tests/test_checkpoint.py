@@ -202,3 +202,11 @@ def test_sharded_checkpoint_loads_in_place_keeping_the_sharding(dcp_checkpoint):
 @pytest.mark.xla
 def test_partially_replicated_tensors_fall_back_to_full_tensors(dcp_checkpoint):
     assert "model.safetensors" in dcp_checkpoint["hsdp_files"] and dcp_checkpoint["hsdp_ok"]
+
+
+@pytest.mark.xla
+def test_finiteness_check_reads_a_shard_without_its_padding(dcp_checkpoint):
+    """A save refuses a state holding inf or nan (`first_non_finite`), reading each local shard as it is
+    written: the padding of an uneven split is not the state, a value inside the shard is."""
+    assert dcp_checkpoint["padding_rows"] > 0 and dcp_checkpoint["padding_ignored"]
+    assert dcp_checkpoint["non_finite_found"] == ["model/u", float("inf")]

@@ -224,8 +224,13 @@ def quoted_value_problem(value: Any, name: str, hint: Any = None) -> str | None:
     quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
     inner = text[1:-1].strip() if quoted else text
     try:
-        float(inner)
+        number = float(inner)
         kind = "a number"
+        if not math.isfinite(number):  # without quotes it is refused all the same
+            return None
+        if not quoted and not _bare_number_fits(inner, hint):
+            # not quoted by the user: YAML 1.1 reads 1e-4 as text, or the number is not of the field's type
+            return _yaml_text_number(inner, number, hint)
     except ValueError:
         choices = [a for o in _options(hint) if get_origin(o) is Literal for a in get_args(o)]
         if not quoted or not inner:
@@ -237,6 +242,35 @@ def quoted_value_problem(value: Any, name: str, hint: Any = None) -> str | None:
         else:
             return None
     return f"it is a quoted string, not {kind}: drop the quotes ({name}={inner}); expected"
+
+
+def _bare_number_fits(inner: str, hint: Any) -> bool:
+    """Whether the unquoted text `inner` can only have been a quoted number: YAML reads it bare as a number
+    the field takes (an override's own parser reads such text as that number before it gets here). With
+    no `hint` (a range check's message), only an integer is sure to be one."""
+    bare = yaml.safe_load(inner)
+    if isinstance(bare, bool) or not isinstance(bare, (int, float)):
+        return False
+    if hint is None:
+        return isinstance(bare, int)
+    try:
+        check_value(bare, hint, "")
+    except ConfigError:
+        return False
+    return True
+
+
+def _yaml_text_number(inner: str, number: float, hint: Any) -> str | None:
+    """A float field's value that YAML 1.1 reads as text (``1e-4``: no dot, no exponent sign): how to
+    write it so YAML reads a number; None for anything else."""
+    if float not in _options(hint) or not isinstance(yaml.safe_load(inner), str):
+        return None
+    mantissa, _, exponent = repr(number).partition("e")
+    written = mantissa + ("" if "." in mantissa else ".0") + (f"e{exponent}" if exponent else "")
+    return (
+        f"YAML reads {inner} as text, not a number (a number there has a dot, and a sign on any exponent): "
+        f"write {written}; expected"
+    )
 
 
 def require(ok: bool, name: str, value: Any, allowed: str) -> None:

@@ -143,14 +143,12 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
     from workbench.backend.hardware import detect
     from workbench.data.records import build_datasets
     from workbench.train import Trainer
-    from workbench.train.clock import check_time_limit
 
     if args.save_pretrained and not hasattr(Trainer, "save_pretrained"):
         raise ValueError(
             "--save-pretrained needs Trainer.save_pretrained, which this workbench version lacks"
         )
     cfg = _config(args)
-    check_time_limit(cfg.train.time_limit, cfg.train.checkpoint_dir)  # before anything loads
     with notices_as_lines():
         hw = detect(cfg.train.device_type)  # on XLA this starts the runtime: datasets see their host share
     if not multihost.is_main():  # one progress bar per pod, not one per worker
@@ -176,11 +174,15 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
 
 
 def _config(args: argparse.Namespace) -> WorkbenchConfig:
-    """The run's config from ``--config`` and the overrides, and its ``--save-pretrained`` directory
-    checked as the save at the end will check it (so a refusal comes before training, not after)."""
+    """The run's config from ``--config`` and the overrides, its ``train.time_limit`` against a save, and
+    its ``--save-pretrained`` directory checked as the save at the end will check it (so a refusal comes
+    before training, or before ``--nproc`` launches any rank, not after)."""
+    from workbench.train.clock import check_time_limit
+
     if args.config is not None and not Path(args.config).is_file():
         raise FileNotFoundError(f"config file {args.config!r} does not exist")
     cfg = load_config(args.config, args.overrides)
+    check_time_limit(cfg.train.time_limit, cfg.train.checkpoint_dir)  # before anything loads (or launches)
     if args.save_pretrained:
         from workbench.train.export_dir import check_export_dir, run_protected_dirs
 
@@ -338,10 +340,11 @@ def _one_line(err: BaseException) -> str:
 
 def _fail(message: str, code: int) -> int:
     count = multihost.process_count()
-    if code == EXIT_CANNOT_START and count > 1:
+    if code == EXIT_CANNOT_START:
         from workbench.launch import report_rank_error
 
-        if report_rank_error(message):  # `train --nproc` prints it once for every rank that found it
+        # `train --nproc N` prints it once for every rank that found it (N = 1 too: one line, not two)
+        if report_rank_error(message):
             return code
     rank = f"rank {multihost.process_index()} of {count}: " if count > 1 else ""
     print(f"error: {rank}{message}", file=sys.stderr, flush=True)

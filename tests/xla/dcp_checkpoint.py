@@ -1,5 +1,5 @@
 """CheckpointManager on SPMD-sharded tensors: through torch DCP, and the full-tensor fallback for
-sharded and partially replicated tensors (tests/test_checkpoint.py)."""
+sharded and partially replicated tensors, and the finiteness check of a save's local shards (tests/test_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 from tests.xla import run
 from workbench.backend import runtime
 from workbench.train.checkpoint import CheckpointManager
+from workbench.train.finite import first_non_finite
+from workbench.train.state_io import host_shards
 
 
 def main(checkpoint_dir: str, hsdp_dir: str) -> dict[str, Any]:
@@ -37,6 +39,14 @@ def main(checkpoint_dir: str, hsdp_dir: str) -> dict[str, Any]:
     hsdp_path = CheckpointManager(hsdp_dir, sharded=True).save(1, {"model": {"v": v}})
     hsdp_files = sorted(p.name for p in hsdp_path.iterdir())
     hsdp_ok = bool(torch.equal(CheckpointManager(hsdp_dir).load()["model"]["v"], expected * 2))
+    # an uneven split (60 rows over 8 devices): the last shard's padding is not the state, whatever it holds
+    u = torch.ones(60, 4).to(dev)
+    runtime.mark_sharding(u, mesh, ("fsdp", None))
+    shards = host_shards({"u": u})["u"]
+    padded = max(shards.shards, key=lambda shard: shard.indices[0].start)
+    padded.data[padded.unpadded_data.shape[0] :] = float("nan")
+    padding_ignored = first_non_finite({"model": {"u": shards}}) is None
+    padded.data[0, 0] = float("inf")
     return {
         "files": files,
         "w_ok": bool(torch.equal(loaded["model"]["w"].cpu(), expected)),
@@ -46,6 +56,9 @@ def main(checkpoint_dir: str, hsdp_dir: str) -> dict[str, Any]:
         "step": loaded["step"],
         "hsdp_files": hsdp_files,
         "hsdp_ok": hsdp_ok,
+        "padding_rows": int(padded.data.shape[0] - padded.unpadded_data.shape[0]),
+        "padding_ignored": padding_ignored,
+        "non_finite_found": first_non_finite({"model": {"u": shards}}),
     }
 
 

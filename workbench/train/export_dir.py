@@ -12,7 +12,8 @@ Every export (`workbench.train.lora.save_model`, so ``Trainer.save_pretrained`` 
   directory the weights were loaded from) and its checkpoint directory are refused even then, as is
   any directory holding one of them: replacing it would lose the weights the run started from or
   its checkpoints;
-- the files are written into a hidden sibling directory, which is renamed into place once complete;
+- the files are written into a hidden sibling directory, which is renamed into place once complete
+  (where `path` is a symlink, beside and in place of the directory it points to: the link stays);
   an earlier directory is renamed aside first and removed only after the new one is in place, so a
   save that fails or is killed leaves the old directory whole (and at most a ``.NAME.saving-*``
   sibling behind).
@@ -118,6 +119,8 @@ def staged_export(path: Path, *, kind: str, write: bool = True) -> Iterator[Path
     if not write:
         yield path
         return
+    if path.is_symlink():  # a link to a directory elsewhere (a Drive folder): write there, keep the link
+        path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.saving-", dir=path.parent))
     staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; an export is shared like any directory
@@ -145,7 +148,11 @@ def _put_in_place(staging: Path, path: Path) -> None:
         os.replace(staging, path)
         return
     aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.replaced-", dir=path.parent))
-    os.replace(path, aside / path.name)
+    try:
+        os.replace(path, aside / path.name)
+    except BaseException:  # the old directory stands where it was: nothing left beside it
+        aside.rmdir()
+        raise
     try:
         os.replace(staging, path)
     except BaseException:

@@ -134,7 +134,8 @@ def _pieces(value: Any) -> list[torch.Tensor]:
         return [value.to_local()]
     if isinstance(value, torch.Tensor):
         return [value]
-    return [shard.data for shard in getattr(value, "shards", ())]
+    # without the padding of an uneven split: what the save writes (the padding's values are not the state's)
+    return [shard.unpadded_data for shard in getattr(value, "shards", ())]
 
 
 def _number(value: float | None) -> str:
