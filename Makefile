@@ -27,8 +27,10 @@ lint: venv
 	$(VENV)/bin/ruff check workbench widgets tests bench
 	$(VENV)/bin/ruff format --check workbench widgets tests bench
 
+# The test files run in parallel workers, a file per worker at a time (shared module fixtures stay in one
+# process); tests/conftest.py starts the longest files first. `pytest tests/FILE` alone runs serially.
 test: venv browser-deps lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations 25
 
 # The docs site (Sphinx + MyST): warnings are errors and every reference must resolve (-n).
 # `make test` builds it too (tests/test_docs.py).

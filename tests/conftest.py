@@ -70,6 +70,34 @@ def run_scenario(
     return json.loads(results[-1])
 
 
+# The test files that take longest, longest first (per-file totals from `--junitxml` of a full run,
+# 2026-11-27: test_attention ~19% of the suite, the next four ~10% each). `make test` runs files in
+# parallel workers in collection order (`--dist loadfile --no-loadscope-reorder`), so starting these
+# first keeps one long file from being left to run alone at the end.
+LONGEST_FIRST = (
+    "test_attention.py",
+    "test_hosted.py",
+    "test_layer_stack.py",
+    "test_tp_plan.py",
+    "test_sharding.py",
+    "test_notebooks.py",
+    "test_bucketing.py",
+    "test_distributed.py",
+    "test_scan.py",
+    "test_quantize.py",
+    "test_generate.py",
+    "test_session_end.py",
+    "test_bad_inputs.py",
+    "test_chunked_loss.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the longest files first (a stable sort: each file keeps its own order of tests)."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(scope="session")
 def xla_scenario() -> Callable[..., Any]:
     """`xla_scenario(name, devices=8, env=None, **params)` runs the scenario module
