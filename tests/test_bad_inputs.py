@@ -228,6 +228,22 @@ def test_save_through_a_symlink_writes_where_it_points_and_keeps_the_link(tmp_pa
     )  # nothing left beside either
 
 
+def test_save_never_replaces_a_checkpoint_even_with_overwrite(tmp_path):
+    """``--save-pretrained ckpt/step-N --overwrite`` (the run's checkpoint directory holds it, it does not
+    hold the directory): a complete checkpoint is refused like the directory itself, and stays whole."""
+    import torch
+
+    from workbench.train.checkpoint import CheckpointManager
+    from workbench.train.export_dir import ExportDirError, check_export_dir
+
+    manager = CheckpointManager(tmp_path / "ckpt")
+    step = manager.save(10, {"model": {"w": torch.ones(2)}})
+    with pytest.raises(ExportDirError, match=r"it is a training checkpoint \(its manifest.json is there\)"):
+        check_export_dir(step, overwrite=True)
+    manager.verify(step)
+    assert check_export_dir(tmp_path / "ckpt" / "my-adapter") == tmp_path / "ckpt" / "my-adapter"
+
+
 # ---- exit codes through --nproc (item 5) --------------------------------------------------------------
 
 

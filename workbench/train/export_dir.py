@@ -10,8 +10,8 @@ Every export (`workbench.train.lora.save_model`, so ``Trainer.save_pretrained`` 
   ``overwrite=True``);
 - the run's own base model (``model.pretrained_path``, the bases an adapter there records, the
   directory the weights were loaded from) and its checkpoint directory are refused even then, as is
-  any directory holding one of them: replacing it would lose the weights the run started from or
-  its checkpoints;
+  any directory holding one of them and any complete checkpoint (``step-N`` with its manifest):
+  replacing it would lose the weights the run started from or its checkpoints;
 - the files are written into a hidden sibling directory, which is renamed into place once complete
   (where `path` is a symlink, beside and in place of the directory it points to: the link stays);
   an earlier directory is renamed aside first and removed only after the new one is in place, so a
@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from workbench.model_dirs import ADAPTER_CONFIG, BASE_MODEL_FILE
+from workbench.model_dirs import ADAPTER_CONFIG, BASE_MODEL_FILE, STEP_DIR
 
 EXPORT_MARKER = "workbench_export.json"
 """Written into every export: what wrote it and when; a later save may replace a directory holding it."""
@@ -65,6 +65,12 @@ def check_export_dir(
         raise ExportDirError(
             f"cannot save into {str(path)!r}: it is the current directory or holds it; save into a new "
             "directory, e.g. 'trained-model'"
+        )
+    if STEP_DIR.match(target.name) and (target / "manifest.json").is_file():  # any run's, this one's too
+        raise ExportDirError(
+            f"cannot save into {str(path)!r}: it is a training checkpoint (its manifest.json is there), which "
+            "a resume or generate --model reads (overwriting is refused here too): save into a new directory, "
+            f"e.g. {str(target.parent.parent / (target.parent.name + '-export'))!r}"
         )
     if path.exists() and not path.is_dir():
         raise ExportDirError(f"cannot save into {str(path)!r}: it is a file; give a directory (new or empty)")
