@@ -139,7 +139,7 @@ def run_checkpoints(tmp_path, **train) -> RunCheckpoints:
 
 
 def test_a_background_save_returns_before_its_write_and_saves_what_it_copied(tmp_path, monkeypatch):
-    slow_target(monkeypatch, 0.4)
+    slow_target(monkeypatch, 1.0)
     saves = run_checkpoints(tmp_path, keep_checkpoints=3)
     weight = torch.arange(6.0)
     start = time.monotonic()
@@ -148,7 +148,8 @@ def test_a_background_save_returns_before_its_write_and_saves_what_it_copied(tmp
     weight.add_(100.0)  # training goes on changing the live tensor while the write runs
     assert saves.writing and not (path / "manifest.json").exists()
     saves.wait()
-    assert stall < 0.3 and saves.stall_s is not None and saves.stall_s < 0.3
+    # well under the 1 s write: the loop waited for the copy, not the write (room for a busy machine)
+    assert stall < 0.5 and saves.stall_s is not None and saves.stall_s < 0.5
     loaded = CheckpointManager(tmp_path).load(path)
     assert torch.equal(loaded["model"]["w"], torch.arange(6.0)) and loaded["step"] == 1
 
@@ -348,8 +349,10 @@ def test_xla_time_limit_stops_before_the_limit_with_a_complete_checkpoint(time_l
 def test_xla_time_cadence_saved_in_the_background(time_limited_xla):
     run = time_limited_xla
     assert len(run["stalls"]) >= 1 and max(run["stalls"]) < 5.0
+    # The plan is re-made from measured step times at each log step; a busy machine (the suite's other
+    # workers) can slow the last steps after the last plan, so it may overshoot the stop by a few steps.
     assert (
-        all(p is None or p <= 60 for p in run["planned"]) and run["planned"][-1] <= run["stopped_steps"] + 1
+        all(p is None or p <= 60 for p in run["planned"]) and run["planned"][-1] <= run["stopped_steps"] + 3
     )
 
 
