@@ -12,7 +12,8 @@ Each part is one process, so its imports are paid once:
   (``/dev/accel0`` with ``/content`` or ``/kaggle/working``, the environment's real package versions),
   ``info``, ``smoke``, and the quickstart's training (its config, a few steps) for the loss comparison;
 - ``mesh`` (eight devices): ``train`` on an fsdp=8 mesh with LoRA on an int8 base and the decoder stack
-  scanned, then ``generate`` from the adapter it saved and from the base;
+  scanned, then ``generate`` from the adapter it saved and from the base; with ``without_torchax``, the
+  training alone with torchax unimportable (jax alone: the case torch_xla's scan backward cannot bridge);
 - ``quickstart``: the quickstart's training alone (the main environment's run, for comparison).
 
 The result is one JSON line after ``RESULT_MARK`` on stdout. This file imports only the standard library
@@ -200,7 +201,11 @@ def _watch_scan() -> list[dict[str, Any]]:
     return installs
 
 
-def mesh(work: str, steps: int = 3) -> dict[str, Any]:
+def mesh(work: str, steps: int = 3, without_torchax: bool = False, generate: bool = True) -> dict[str, Any]:
+    """`without_torchax`: torchax made unimportable (what torch_xla's probe sees where its wheel's torchax
+    cannot import, e.g. without flax): jax alone, the case torch_xla's scan backward cannot bridge."""
+    if without_torchax:
+        sys.modules["torchax"] = None  # type: ignore[assignment]  # `import torchax` raises ImportError
     root = Path(work)
     base, adapter, metrics = root / "base", root / "adapter", root / "metrics.json"
     _tiny_base(base)
@@ -231,10 +236,12 @@ def mesh(work: str, steps: int = 3) -> dict[str, Any]:
     generated = {
         which: _command(["generate", "--model", str(path), "--max-new-tokens", "6", QUICKSTART_PROMPT])
         for which, path in (("adapter", adapter), ("base", base))
+        if generate
     }
     return {
         "train": train,
         "scans": scans,
+        "jax_bridge": _jax_bridge(),
         "metrics": json.loads(metrics.read_text()) if metrics.is_file() else None,
         "adapter_files": sorted(p.name for p in adapter.iterdir()) if adapter.is_dir() else [],
         "generate": generated,
