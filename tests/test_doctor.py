@@ -385,15 +385,15 @@ def test_a_libtpu_range_pin_is_read_as_pip_reads_it(tmp_path):
 @pytest.mark.parametrize(
     ("jax", "torchax", "words"),
     [
-        ("0.7.2", None, "jax 0.7.2 without torchax: scan under SPMD uses the workbench's plain backward"),
-        (None, None, "no jax: scan under SPMD uses the workbench's plain backward"),
-        (None, "0.0.13", "torchax 0.0.13 without jax: scan under SPMD uses"),
-        ("0.7.2", "0.0.13", "jax 0.7.2 with torchax 0.0.13: torch_xla 2.9.0's scan backward ties"),
+        ("0.7.2", None, "torch_xla 2.9.0, jax 0.7.2 (torchax only as torch_xla's own copy, if any)"),
+        (None, None, "torch_xla 2.9.0, no jax (torchax only"),
+        ("0.7.2", "0.0.13", "torch_xla 2.9.0, jax 0.7.2, torchax 0.0.13"),
     ],
 )
-def test_the_scan_check_names_which_backward_a_mesh_runs(tmp_path, jax, torchax, words):
+def test_the_scan_check_names_the_backward_a_mesh_runs_and_why(tmp_path, jax, torchax, words):
     check = doctor(roots=_roots(tmp_path, versions={"jax": jax, "torchax": torchax})).check("scan on a mesh")
     assert check.status == "ok" and words in check.saw and check.fix is None
+    assert "runs the workbench's plain backward" in check.saw and "torch_xla 2.8" in check.saw
 
 
 def test_a_hosted_runtime_checks_the_widgets_extra_and_never_its_kernel(tmp_path):

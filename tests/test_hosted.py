@@ -230,8 +230,9 @@ def test_lora_on_an_int8_base_scanned_on_an_fsdp_mesh_trains_and_generates(hoste
 
 
 def test_a_scanned_mesh_run_with_jax_but_not_torchax_trains(hosted):
-    # torch_xla 2.9's scan backward under SPMD reaches jax through torchax (`call_jax`); where torchax
-    # cannot import (its wheel's copy needs flax), jax alone is there: the workbench's plain backward runs
+    # torch_xla 2.9's own scan backward under SPMD reaches jax through torchax (`call_jax`) and raised
+    # "Jax is required for this feature" where torchax cannot import (its wheel's copy needs flax); the
+    # workbench's plain backward runs instead on every stack
     run = hosted.mesh("colab-tpu", without_torchax=True, generate=False)
     assert run["jax_bridge"] == {"jax": True, "torchax": False}, run["jax_bridge"]
     text = _command_ok(run["train"])

@@ -55,43 +55,12 @@ def test_looking_imports_no_torch_xla() -> None:
 # ---- scan on a mesh: torch_xla's JAX bridge or the plain backward ----------------------------
 
 
-def test_the_scan_keeps_torch_xla_s_shard_alike_step_only_when_jax_and_torchax_both_import() -> None:
-    module, calls = object(), []
-
-    def probe(result: object, name: str):
-        def run() -> object:
-            calls.append(name)
-            return result
-
-        return run
-
-    assert scan_support.jax_bridge_usable(probe(module, "torchax"), probe(module, "jax"))
-    # Colab's TPU image: jax 0.7.2 without torchax; jax is not even imported for nothing
-    calls.clear()
-    assert not scan_support.jax_bridge_usable(probe(None, "torchax"), probe(module, "jax"))
-    assert calls == ["torchax"]
-    assert not scan_support.jax_bridge_usable(probe(module, "torchax"), probe(None, "jax"))
-
-    def broken() -> object:
-        raise RuntimeError("jaxlib 0.6.2 is older than jax 0.7.2 needs")
-
-    assert not scan_support.jax_bridge_usable(probe(module, "torchax"), broken)
-
-
-def test_the_jax_probe_is_silenced_where_torch_xla_allows_it() -> None:
-    def maybe_get_jax_29(log: bool = True) -> object:  # torch_xla 2.9's signature
-        return log
-
-    def maybe_get_jax_28() -> object:  # torch_xla 2.8's: no argument
-        return "2.8"
-
-    assert scan_support.quiet_probe(maybe_get_jax_29)() is False
-    assert scan_support.quiet_probe(maybe_get_jax_28) is maybe_get_jax_28
+def test_the_scan_backward_without_the_jax_bridge_is_the_plain_backward() -> None:
     backward = scan_support.backward_without_shard_alike
     assert backward(1, 2, lambda carry, x: (carry + x, x), init=0, xs=[0]) == (3, 2)
 
 
-def test_the_installed_torch_xla_has_what_the_scan_workaround_replaces_and_probes() -> None:
+def test_the_installed_torch_xla_has_what_the_scan_workaround_replaces() -> None:
     # Read, not imported: a rename in torch_xla would otherwise silently switch the workaround off.
     spec = importlib.util.find_spec("torch_xla")
     root = Path(spec.origin).parent

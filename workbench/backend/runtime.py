@@ -501,15 +501,11 @@ def scan(fn: Callable[..., Any], init: Any, xs: Any, *, remat: bool = False, pur
 @functools.cache
 def _scan_backward_without_jax_bridge() -> None:
     """Under SPMD torch_xla's (2.8, 2.9) scan backward ties gradient shardings with jax's ``shard_alike``
-    through ``call_jax``, which needs jax and torchax both: without them XLA's propagation shards
-    the gradients (`workbench.backend.scan_support`). Decided once per process."""
+    through ``call_jax``; the plain backward runs instead on every stack and XLA's propagation shards
+    the gradients (why: `workbench.backend.scan_support`). Done once per process."""
     import torch_xla.experimental.scan as xla_scan_module
-    from torch_xla._internal import jax_workarounds
 
-    probe_jax = scan_support.quiet_probe(jax_workarounds.maybe_get_jax)
-    if hasattr(xla_scan_module, "_backward_shard_alike") and not scan_support.jax_bridge_usable(
-        jax_workarounds.maybe_get_torchax, probe_jax
-    ):
+    if hasattr(xla_scan_module, "_backward_shard_alike"):
         xla_scan_module._backward_shard_alike = scan_support.backward_without_shard_alike
 
 

@@ -250,33 +250,28 @@ def _is_hotfix(version: str, series: str) -> bool:
 
 
 def scan_check(packages: InstalledPackages) -> Check:
-    """How a scanned model's backward runs on a mesh, from which of jax and torchax are installed.
+    """How a scanned model's backward runs on a mesh, with the jax and torchax this environment has.
 
     Under SPMD torch_xla's scan backward ties each gradient's sharding to its input's with jax's
-    ``shard_alike`` through ``call_jax``, which needs jax and torchax both; with either missing
-    the workbench runs the plain backward and XLA's sharding propagation shards the gradients
+    ``shard_alike`` through ``call_jax``; that step fails without jax and torchax both (Colab's jax
+    without torchax) and does not partition with torch_xla 2.8 and jax 0.7.2 (Kaggle's image), so the
+    workbench always runs the plain backward and XLA's sharding propagation shards the gradients
     (`workbench.backend.scan_support`). Read from metadata: nothing is imported.
     """
     name = "scan on a mesh"
     xla, jax, torchax = (packages.version(n) for n in ("torch_xla", "jax", "torchax"))
     if xla is None:
         return Check(name, "ok", "torch_xla not installed: no XLA scan")
-    if jax is not None and torchax is not None:
-        return Check(
-            name,
-            "ok",
-            f"jax {jax} with torchax {torchax}: torch_xla {xla}'s scan backward ties gradient "
-            "shardings with jax's shard_alike",
-        )
-    if jax is not None:
-        have = f"jax {jax} without torchax"
-    else:
-        have = f"torchax {torchax} without jax" if torchax is not None else "no jax"
+    have = f"jax {jax}" if jax is not None else "no jax"
+    have += (
+        f", torchax {torchax}" if torchax is not None else " (torchax only as torch_xla's own copy, if any)"
+    )
     return Check(
         name,
         "ok",
-        f"{have}: scan under SPMD uses the workbench's plain backward (torch_xla's shard_alike step "
-        "needs jax and torchax both); XLA's propagation shards the gradients, as in every tested run",
+        f"torch_xla {xla}, {have}: scan under SPMD runs the workbench's plain backward, not torch_xla's "
+        "jax shard_alike step (it needs jax and torchax both, and fails to partition on torch_xla 2.8 "
+        "with jax 0.7.2); XLA's propagation shards the gradients, as in every tested run",
     )
 
 
