@@ -274,7 +274,7 @@ def files_damage(step_dir: Path, listed: list[tuple[str, int, str]]) -> str | No
     if _VERIFIED.get(key) == stamps:
         return None
     for name, _, digest in listed:
-        if _sha256(step_dir / name) != digest:
+        if file_sha256(step_dir / name) != digest:
             return f"{name} is corrupted (its SHA-256 does not match the manifest)"
     _VERIFIED[key] = stamps
     return None
@@ -284,7 +284,8 @@ _VERIFIED: dict[tuple[str, tuple[tuple[str, int, str], ...]], list[tuple[str, in
 """Checkpoint directories whose files matched their manifest in this process, with each file's size and time then."""
 
 
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    """The SHA-256 of a file's bytes, read in 4 MiB blocks (what a checkpoint's manifest records)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(chunk):

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from workbench.backend import runtime
+from workbench.model_dirs import file_sha256
 from workbench.models.layer_stack import layer_slice_origin
 
 FORMAT_VERSION = 1
@@ -121,12 +122,8 @@ def _tensor(tensors: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
         raise CheckpointError(f"checkpoint lacks tensor {key!r} that state.json refers to") from None
 
 
-def sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+sha256 = file_sha256
+"""The SHA-256 of a checkpoint file, as its manifest records it (`workbench.model_dirs.file_sha256`)."""
 
 
 def fsync_file(path: Path) -> None:
