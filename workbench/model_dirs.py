@@ -248,34 +248,43 @@ def checkpoint_damage(step_dir: Path) -> str | None:
     every file the manifest lists is there with its size and SHA-256. A manifest written by another
     checkpoint format still lists its files: those are checked the same way."""
     try:
-        manifest = json.loads((step_dir / "manifest.json").read_text())
-        files = manifest["files"]
-        listed = [(str(name), int(meta["bytes"]), str(meta["sha256"])) for name, meta in files.items()]
+        listed = manifest_files(json.loads((step_dir / "manifest.json").read_text()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         return f"manifest.json is unreadable: {type(err).__name__}: {err}"
-    return files_damage(step_dir, listed)
+    damage = files_damage(step_dir, listed)
+    return damage[1] if damage is not None else None
 
 
-def files_damage(step_dir: Path, listed: list[tuple[str, int, str]]) -> str | None:
+def manifest_files(manifest: dict[str, Any]) -> list[tuple[str, int, str]]:
+    """(name, bytes, sha256) of each file a checkpoint's manifest lists; KeyError, TypeError, ValueError or
+    AttributeError when the manifest is not one."""
+    return [(str(name), int(meta["bytes"]), str(meta["sha256"])) for name, meta in manifest["files"].items()]
+
+
+def files_damage(step_dir: Path, listed: list[tuple[str, int, str]]) -> tuple[str, str] | None:
     """The first of the (name, bytes, sha256) files under `step_dir` that is missing, of another size or
-    another content, in words; None when all match. Sizes are checked first (a truncated file costs no
-    hash), and a directory whose files verified earlier in this process, unchanged since (size and time of
-    each), is not hashed again: a resume and its load, or a command's lookup and its load, hash it once."""
+    another content: (``missing`` | ``truncated`` | ``corrupted``, what is wrong in words); None when all
+    match. Sizes are checked first (a truncated file costs no hash), and a directory whose files verified
+    earlier in this process, unchanged since (size and time of each), is not hashed again: a resume and
+    its load, or a command's lookup and its load, hash it once."""
     stamps = []
     for name, size, _ in listed:
         file = step_dir / name
         if not file.is_file():
-            return f"{name} is missing"
+            return "missing", f"{name} is missing"
         stat = file.stat()
         if stat.st_size != size:
-            return f"{name} is truncated or overwritten ({stat.st_size} bytes on disk, {size} written)"
+            return (
+                "truncated",
+                f"{name} is truncated or overwritten ({stat.st_size} bytes on disk, {size} written)",
+            )
         stamps.append((name, stat.st_size, stat.st_mtime_ns))
     key = (str(step_dir.resolve()), tuple(listed))
     if _VERIFIED.get(key) == stamps:
         return None
     for name, _, digest in listed:
         if file_sha256(step_dir / name) != digest:
-            return f"{name} is corrupted (its SHA-256 does not match the manifest)"
+            return "corrupted", f"{name} is corrupted (its SHA-256 does not match the manifest)"
     _VERIFIED[key] = stamps
     return None
 

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from workbench.backend import process_group
-from workbench.model_dirs import STEP_DIR, checkpoint_written_at, files_damage
+from workbench.model_dirs import STEP_DIR, checkpoint_written_at, files_damage, manifest_files
 from workbench.train.finite import NonFiniteStateError, first_non_finite
 from workbench.train.state_io import (
     FORMAT_VERSION,
@@ -400,7 +400,7 @@ class CheckpointManager:
             )
         try:
             manifest = json.loads(manifest_path.read_text())
-            listed = [(str(n), int(m["bytes"]), str(m["sha256"])) for n, m in manifest["files"].items()]
+            listed = manifest_files(manifest)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise DamagedCheckpointError(
                 f"checkpoint {str(path)!r} has an unreadable {MANIFEST}: {err}", "bad-manifest"
@@ -420,8 +420,8 @@ class CheckpointManager:
             )
         damage = files_damage(path, listed)
         if damage is not None:
-            reason = next((w for w in ("missing", "truncated", "corrupted") if w in damage), "damaged")
-            raise DamagedCheckpointError(f"checkpoint {str(path)!r}: {damage}", reason)
+            reason, words = damage
+            raise DamagedCheckpointError(f"checkpoint {str(path)!r}: {words}", reason)
         return manifest
 
     def saved_config(self, path: str | Path) -> dict[str, Any] | None:
