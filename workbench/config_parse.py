@@ -211,12 +211,13 @@ def check_value(value: Any, hint: Any, name: str) -> Any:
             if all(isinstance(k, key_type) and isinstance(v, item_type) for k, v in value.items()):
                 return dict(value)
     quoted = quoted_value_problem(value, name, hint)
-    raise ConfigError(f"{name}={value!r} is not allowed: {quoted or 'expected'} {describe_type(hint)}")
+    problem = f"{quoted}; expected" if quoted else "expected"
+    raise ConfigError(f"{name}={value!r} is not allowed: {problem} {describe_type(hint)}")
 
 
 def quoted_value_problem(value: Any, name: str, hint: Any = None) -> str | None:
     """What to say of a string that is a quoted number (``'"5"'`` from a shell, ``"5"`` in YAML), bool or
-    choice of `hint` ('it is a quoted string, not a number: drop the quotes (train.steps=5); expected');
+    choice of `hint` ('it is a quoted string, not a number: drop the quotes (train.steps=5)');
     None for any other value."""
     if not isinstance(value, str):
         return None
@@ -241,7 +242,7 @@ def quoted_value_problem(value: Any, name: str, hint: Any = None) -> str | None:
             kind = f"the choice {inner}"
         else:
             return None
-    return f"it is a quoted string, not {kind}: drop the quotes ({name}={inner}); expected"
+    return f"it is a quoted string, not {kind}: drop the quotes ({name}={inner})"
 
 
 def _bare_number_fits(inner: str, hint: Any) -> bool:
@@ -269,7 +270,7 @@ def _yaml_text_number(inner: str, number: float, hint: Any) -> str | None:
     written = mantissa + ("" if "." in mantissa else ".0") + (f"e{exponent}" if exponent else "")
     return (
         f"YAML reads {inner} as text, not a number (a number there has a dot, and a sign on any exponent): "
-        f"write {written}; expected"
+        f"write {written}"
     )
 
 
@@ -280,7 +281,7 @@ def require(ok: bool, name: str, value: Any, allowed: str) -> None:
     if not ok or not _finite(value):
         problem = "" if _finite(value) else "not a finite number; "
         quoted = quoted_value_problem(value, name) if not ok else None
-        problem = f"{quoted.removesuffix('; expected')}; it " if quoted else problem
+        problem = f"{quoted}; it " if quoted else problem
         raise ConfigError(f"{name}={value!r} is not allowed: {problem}{allowed}")
 
 
