@@ -38,7 +38,7 @@ from packaging.requirements import Requirement
 
 from tests.hosted import stacks
 from tests.hosted.flows import RESULT_MARK
-from tests.test_notebooks import TEST_PARAMETERS
+from tests.test_notebooks import TEST_PARAMETERS, execute
 from workbench.doctor.roots import canonical_name
 
 pytestmark = pytest.mark.hosted
@@ -257,32 +257,15 @@ def test_the_finetune_notebook_runs_in_the_image_s_kernel(hosted, name, tmp_path
     work.mkdir()
     adapter, merged = work / "adapter", work / "merged"
     parameters = {**TEST_PARAMETERS["04_finetune"], "adapter_dir": str(adapter), "merged_dir": str(merged)}
-    env_before = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(_clean_env(1))
-    for key in ("PJRT_DEVICE", "CPU_NUM_DEVICES"):  # the notebook's own XLA:CPU cell sets them
-        os.environ.pop(key)
-    os.environ["JUPYTER_PATH"] = str(tmp_path / "jupyter")
     output = tmp_path / "04_finetune.ipynb"
     try:
-        papermill.execute_notebook(
-            str(REPO / "notebooks" / "04_finetune.ipynb"),
-            str(output),
-            parameters=parameters,
-            kernel_name="python3",
-            cwd=str(work),
-            progress_bar=False,
-            log_output=False,
-            execution_timeout=300,
-            store_widget_state=False,
+        execute(
+            "04_finetune", output, parameters, tmp_path / "jupyter", cwd=work, env=_clean_env(1), timeout=300
         )
     except papermill.PapermillExecutionError as err:
         pytest.fail(
             f"04_finetune in {name}'s kernel failed in cell {err.cell_index}: {err.ename}: {err.evalue}"
         )
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
     nb = json.loads(output.read_text())
     printed = "".join(
         "".join(o.get("text", ""))

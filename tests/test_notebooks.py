@@ -138,17 +138,30 @@ def python3_kernel(tmp_path_factory):
     return root
 
 
-def execute(name: str, output: Path, parameters: dict[str, object], kernel_path: Path):
-    """Run notebooks/<name>.ipynb with papermill into `output`; the executed notebook. A failing
-    cell raises papermill's PapermillExecutionError."""
+def execute(
+    name: str,
+    output: Path,
+    parameters: dict[str, object],
+    kernel_path: Path,
+    *,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    timeout: int = 240,
+):
+    """Run notebooks/<name>.ipynb with papermill into `output`, in the ``python3`` kernel found first
+    under `kernel_path`, from `cwd`, the kernel's environment `env` (default: this process's); the
+    executed notebook. A failing cell raises papermill's PapermillExecutionError."""
     papermill = pytest.importorskip("papermill")
     output.parent.mkdir(parents=True, exist_ok=True)
     env_before = dict(os.environ)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     # The kernel inherits this environment; it must not inherit XLA settings from elsewhere.
     for key in ("PJRT_DEVICE", "CPU_NUM_DEVICES"):
         os.environ.pop(key, None)
     os.environ["JUPYTER_PATH"] = os.pathsep.join(
-        [str(kernel_path), env_before.get("JUPYTER_PATH", "")]
+        [str(kernel_path), os.environ.get("JUPYTER_PATH", "")]
     ).rstrip(os.pathsep)
     try:
         papermill.execute_notebook(
@@ -156,10 +169,10 @@ def execute(name: str, output: Path, parameters: dict[str, object], kernel_path:
             str(output),
             parameters=parameters,
             kernel_name="python3",
-            cwd=str(REPO),
+            cwd=str(cwd),
             progress_bar=False,
             log_output=False,
-            execution_timeout=240,
+            execution_timeout=timeout,
             store_widget_state=False,  # each FigureWidget would store the whole plotly.js bundle
         )
     finally:
