@@ -17,14 +17,53 @@ ALLOWED = {
     "units": set(),
     "model_dirs": set(),
     "config_parse": set(),
-    "config": {"units", "config_parse", "models.families"},
-    "config_reference": {"units", "config_parse", "config", "models.families"},  # the config layer's own
+    "config_checks": {"config_parse"},
+    # rl.settings: the grpo section; config_checks: the checks across sections
+    "config": {"units", "config_parse", "config_checks", "models.families", "rl.settings"},
+    "config_reference": {
+        "units",
+        "config_parse",
+        "config",
+        "config_checks",
+        "models.families",
+        "rl.settings",
+    },  # the config layer's own
     "backend": {"units", "config"},
     "models": {"units", "config", "backend"},
+    # sampling: the decoder and its controls sit beside generate, on the runtime alone
+    "generation_controls": set(),
+    "decoding": {"backend", "generation_controls"},
+    "generate": {"backend", "decoding", "generation_controls"},
     "parallel": {"units", "config", "backend", "models"},
     "data": {"units", "model_dirs", "config", "backend"},
     "analysis": {"units", "config", "backend", "models", "parallel"},
-    "train": {"units", "model_dirs", "config", "backend", "models", "parallel", "data", "analysis"},
+    "train": {
+        "units",
+        "model_dirs",
+        "config",
+        "backend",
+        "models",
+        "parallel",
+        "data",
+        "analysis",
+        "rl.wiring",
+    },
+    # the RL room builds on the trainer's parts (streams, steps, warm-up) and on generation; the trainer
+    # reaches it through one module, `rl.wiring`
+    "rl": {
+        "units",
+        "model_dirs",
+        "config_parse",
+        "config",
+        "backend",
+        "models",
+        "parallel",
+        "data",
+        "analysis",
+        "train",
+        "generate",
+        "generation_controls",
+    },
 }
 
 

@@ -17,9 +17,10 @@ def test_every_field_is_documented() -> None:
     import inspect
 
     import workbench.config as config_module
+    import workbench.rl.settings as grpo_settings
 
-    tree = ast.parse(inspect.getsource(config_module))
-    for node in tree.body:
+    nodes = [n for m in (config_module, grpo_settings) for n in ast.parse(inspect.getsource(m)).body]
+    for node in nodes:
         if isinstance(node, ast.ClassDef) and node.name.endswith("Config") and node.name != "ConfigError":
             body = node.body
             for i, stmt in enumerate(body):
@@ -120,7 +121,50 @@ BAD = [
         r"lora\.target_modules=\['q-proj', 'v_proj'\] is not allowed: 'auto' or a non-empty list of module names",
     ),
     (["lora.target_modules=[]"], r"lora\.target_modules=\[\] is not allowed: 'auto' or a non-empty list"),
+    (["grpo.num_generations=1"], r"grpo\.num_generations=1 is not allowed: must be >= 2"),
+    (["grpo.temperature=0"], r"grpo\.temperature=0\.0 is not allowed: must be > 0"),
+    (["grpo.top_p=1.5"], r"grpo\.top_p=1\.5 is not allowed: must be in \(0, 1\]"),
+    (["grpo.epsilon_high=0.1"], r"grpo\.epsilon_high=0\.1 is not allowed: must be >= epsilon=0\.2 or null"),
+    (
+        ["grpo.loss_type=bnpo"],
+        r"grpo\.loss_type='bnpo' is not allowed: expected one of 'grpo', 'dr_grpo', 'dapo'",
+    ),
+    (
+        ["grpo.reward_funcs=math_answer,format", "grpo.reward_weights=1.0"],
+        r"grpo\.reward_weights=\[1\.0\] is not allowed: must give one weight per reward function "
+        r"\(reward_funcs has 2\)",
+    ),
+    (["grpo.reward_funcs=[]"], r"grpo\.reward_funcs=\[\] is not allowed: a non-empty list of reward names"),
+    (
+        ["train.objective=grpo", "grpo.max_completion_length=64", "grpo.beta=0.04"],
+        r"grpo\.beta=0\.04 is not allowed: must be 0 without LoRA adapters",
+    ),
+    (
+        ["train.objective=grpo"],
+        r"grpo\.max_completion_length=512 is not allowed: plus data\.max_length \(the longest prompt\) must be "
+        r"<= model\.max_position_embeddings=512",
+    ),
+    (["train.simpo_gamma=-1"], r"train\.simpo_gamma=-1\.0 is not allowed: must be >= 0"),
 ]
+
+
+def test_grpo_section_takes_trls_names_lists_from_the_command_line_and_yaml_ints() -> None:
+    from workbench.rl.settings import GRPOConfig
+
+    assert WorkbenchConfig().grpo == GRPOConfig()  # TRL's defaults: G 8, dapo, beta 0, epsilon 0.2, group
+    cfg = WorkbenchConfig().with_overrides(
+        ["train.objective=grpo", "lora.rank=4", "grpo.beta=0.04", "grpo.max_completion_length=128",
+         "grpo.reward_funcs=math_answer,mymod.rewards:brevity", "grpo.reward_weights=[1, 0.5]"]
+    )  # fmt: skip
+    assert cfg.grpo.reward_funcs == ["math_answer", "mymod.rewards:brevity"]
+    assert cfg.grpo.reward_weights == [1.0, 0.5]
+    assert WorkbenchConfig.from_yaml(cfg.to_yaml()) == cfg
+    assert WorkbenchConfig.from_yaml(
+        "grpo: {reward_funcs: [a, b], reward_weights: [2, 1]}"
+    ).grpo.reward_weights == [
+        2.0,
+        1.0,
+    ]  # YAML's ints in a list of floats
 
 
 @pytest.mark.parametrize(("overrides", "message"), BAD, ids=[" ".join(o) for o, _ in BAD])

@@ -650,3 +650,19 @@ def test_quantize_without_lora_shows_a_message_not_a_crash(panel):
     assert panel.config.model.quantize == good.model.quantize == "none"
     panel.set(lora_rank=8)
     assert panel.error is None and panel.config.model.quantize == "int4" and seen[-1].lora.rank == 8
+
+
+def test_a_grpo_config_shows_its_rows_and_rollout_cache(lengths):
+    cfg = WorkbenchConfig().with_overrides(
+        {"train.objective": "grpo", "grpo.num_generations": 4, "grpo.max_completion_length": 100}
+    )
+    panel = ConfigPanel(cfg, target="v5e-1", lengths=lengths)
+    est = panel.estimate
+    assert est.rollout is not None and est.seq_len == cfg.data.max_length + 112  # completion budget 112
+    text = panel.memory_saving.rollout_html.value
+    assert f"<b class='wb-rollout-rows'>{4 * cfg.train.batch_size}</b> rows" in text and "KV cache" in text
+    assert panel.memory_saving.rollout_html in panel.widget.children[0].children[1].children
+    # the same batch of supervised rows needs less: a prompt brings its 4 completions
+    sft = ConfigPanel(WorkbenchConfig(), target="v5e-1", lengths=lengths)
+    assert sft.memory_saving.rollout_html.value == "" and sft.estimate.total_bytes < est.total_bytes
+    assert panel.largest_batch is not None and panel.largest_batch < sft.largest_batch

@@ -249,9 +249,21 @@ def test_every_key_read_is_a_run_metrics_key():
     dpo = Dashboard(min_interval_s=0)
     dpo(ContractRow(dpo_metrics(5, eval_reward_accuracy=0.75, eval_reward_margin=0.5)))
     dpo.summary()
+    grpo = Dashboard(min_interval_s=0)
+    grpo(ContractRow(grpo_metrics(5, eval_reward_mean=0.5, kl=0.01)))
     drawn = {"tokens_per_s", "mfu", "step_time_s", "loss", "eval_loss", "compiles", "recompiled"}
     drawn |= {"reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp"}
     drawn |= {"eval_reward_accuracy", "eval_reward_margin"}
+    drawn |= {
+        "reward_mean",
+        "reward_std",
+        "rewards",
+        "completion_length",
+        "clip_ratio",
+        "kl",
+        "zero_std_groups",
+    }
+    drawn |= {"rollout_s", "train_s", "rollout_tokens_per_s", "eval_reward_mean"}
     memory = {"device_memory_bytes", "device_memory_limit_bytes", "host_rss_bytes"}
     time_limit = {"time_left_s", "planned_stop_step", "checkpoint_stall_s"}
     assert drawn | memory | time_limit | {"step", "warmup_compiles", "total_compiles", "tokens_seen"} <= read
@@ -547,3 +559,79 @@ def test_preference_panels_can_be_asked_for_or_left_out():
     assert never.trace("reward accuracy").x == [1]  # kept (and exported), not drawn
     style = never.figure.look["styles"][list(_TRACES).index("reward accuracy")]
     assert style["visible"] is False and style["showlegend"] is False
+
+
+def grpo_metrics(step: int, **over):
+    """A GRPO run's metrics dict: rewards, completion lengths, the policy terms and the time split filled."""
+    row = full_metrics(
+        step,
+        loss=0.01 * step,
+        reward_mean=0.1 * step,
+        reward_std=0.05,
+        rewards={"math_answer": 0.1 * step, "format": 0.5},
+        completion_length=100.0 + step,
+        clip_ratio=0.01,
+        kl=None,  # beta = 0
+        zero_std_groups=0.25,
+        rollout_s=0.8,
+        train_s=0.2,
+        rollout_tokens_per_s=500.0,
+    )
+    row.update(over)
+    return row
+
+
+def test_a_grpo_run_draws_rewards_lengths_and_the_policy_terms():
+    dash = Dashboard(min_interval_s=0, total_steps=3)
+    assert not dash.shows_grpo
+    rev = dash.figure.look["rev"]
+    for step in (1, 2, 3):
+        dash(grpo_metrics(step, **({"eval_reward_mean": 0.4} if step == 2 else {})))
+    assert dash.shows_grpo and not dash.shows_preference and dash.figure.look["rev"] > rev
+    assert dash.trace("reward mean").y == pytest.approx([0.1, 0.2, 0.3])
+    # the band: mean - std below, mean + std above, filled between them
+    assert dash.trace("reward - std").y == pytest.approx([0.05, 0.15, 0.25])
+    assert dash.trace("reward ± std").y == pytest.approx([0.15, 0.25, 0.35])
+    assert dash.trace("eval reward mean").x == [2] and dash.trace("eval reward mean").y == [0.4]
+    assert dash.reward_names == ["math_answer", "format"]
+    assert dash.trace("reward/math_answer").y == pytest.approx([0.1, 0.2, 0.3])
+    assert dash.trace("reward/format").y == [0.5, 0.5, 0.5]
+    assert dash.trace("completion length").y == [101.0, 102.0, 103.0]
+    assert dash.trace("clip ratio").x == [1, 2, 3] and dash.trace("KL").x == []  # beta = 0: no KL drawn
+    assert dash.trace("zero-std groups").y == [0.25] * 3
+    assert dash.trace("rollout").y == [0.8] * 3 and dash.trace("training").y == [0.2] * 3
+    assert dash.trace("rollout tokens/s").y == [500.0] * 3
+    layout, styles = dash.figure.look["layout"], dash.figure.look["styles"]
+    # Ten panels: two rows of two below the six, each with its own axes
+    assert layout["height"] > 780 and "xaxis10" in layout and "xaxis11" not in layout
+    by_name = {style["name"]: style for style in styles}
+    assert by_name["reward mean"]["yaxis"] == "y7" and by_name["reward ± std"]["fill"] == "tonexty"
+    assert by_name["reward/math_answer"]["yaxis"] == by_name["reward/format"]["yaxis"] == "y8"
+    assert by_name["completion length"]["yaxis"] == "y9" and by_name["clip ratio"]["yaxis"] == "y10"
+    assert by_name["rollout"]["yaxis"] == "y3" and by_name["rollout tokens/s"]["yaxis"] == "y"
+    assert by_name["reward ± std"]["showlegend"] and not by_name["reward - std"]["showlegend"]
+    assert not by_name["KL"]["showlegend"] and not by_name["reward function 3"]["showlegend"]
+    titles = {a["text"] for a in layout["annotations"]}
+    assert "Completion length (mean tokens)" in titles and not [t for t in titles if "Reward accuracy" in t]
+    summary = dash.summary()
+    assert summary["final_reward_mean"] == pytest.approx(0.3) and summary["final_eval_reward_mean"] == 0.4
+    assert (
+        "reward <b>0.300</b> · eval reward <b>0.400</b> · completions <b>103</b> tokens" in dash.status.value
+    )
+    exported = {trace.name: trace for trace in dash.to_figure().data}
+    assert list(exported["reward/format"].x) == [1, 2, 3]
+
+
+def test_an_sft_run_has_no_grpo_panels_and_both_objectives_cannot_be_asked_for():
+    dash = Dashboard(min_interval_s=0)
+    dash(full_metrics(1))
+    assert not dash.shows_grpo and dash.figure.look["layout"]["height"] == 780
+    by_name = {style["name"]: style for style in dash.figure.look["styles"]}
+    assert by_name["reward mean"]["visible"] is False and not by_name["rollout"]["showlegend"]
+    asked = Dashboard(min_interval_s=0, grpo=True)
+    assert asked.shows_grpo and notes(asked).count("waiting for the first log interval") == 10
+    never = Dashboard(min_interval_s=0, grpo=False)
+    never(grpo_metrics(1))
+    assert not never.shows_grpo and never.trace("reward mean").x == [1]  # kept, not drawn
+    with pytest.raises(ValueError, match="one objective's panels"):
+        Dashboard(preference=True, grpo=True)

@@ -446,8 +446,10 @@ def test_old_configs_that_set_a_file_type_in_format_keep_working(tmp_path, cache
 def test_every_column_key_is_read_by_some_format():
     from workbench.config import COLUMN_KEYS
     from workbench.data.preference import PAIR_COLUMNS
+    from workbench.data.prompts import PROMPT_COLUMNS
 
-    read = {c for f in FORMATS.values() for c in (*f.required, *f.optional)} | set(PAIR_COLUMNS)
+    read = {c for f in FORMATS.values() for c in (*f.required, *f.optional)}
+    read |= set(PAIR_COLUMNS) | set(PROMPT_COLUMNS)
     assert read == set(COLUMN_KEYS)
 
 

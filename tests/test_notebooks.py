@@ -7,7 +7,7 @@ jupytext sources, notebooks/*.py, and carry no outputs.
 
 The quickstart runs once per module (`quickstart_run`): its test checks the report, and the
 chained tests fine-tune the checkpoint it saved with 04_finetune (`finetune_run`), then tune that
-adapter further with 06_preference (DPO), as a user runs them. The
+adapter further with 06_preference (DPO) and with 07_grpo (GRPO), as a user runs them. The
 kernel is the Python running the tests (`python3_kernel`), whatever kernelspec is installed.
 """
 
@@ -62,21 +62,39 @@ TEST_PARAMETERS: dict[str, dict[str, object]] = {
         "adapter_dir": None,  # alone: fresh LoRA on a tiny model (the chained test tunes 04_finetune's adapter)
         "out_dir": None,
     },
+    "07_grpo": {
+        "sft_steps": 4,  # alone: a tiny model fine-tuned first (the chained test starts from 04_finetune's adapter)
+        "hidden_size": 64,
+        "num_layers": 2,
+        "intermediate_size": 128,
+        "sft_batch_size": 4,
+        "sft_dir": str(EXECUTED / "math-sft"),
+        "num_generations": 4,
+        "max_completion_length": 8,
+        "steps": 4,
+        "batch_size": 2,
+        "log_every": 2,
+        "eval_every": 4,
+        "adapter_dir": None,
+        "out_dir": None,
+    },
 }
 
 # Set per run to paths under a temporary directory: the quickstart saves a checkpoint, 04_finetune
-# fine-tunes it and saves the adapter and the merged model, 06_preference tunes that adapter with DPO.
+# fine-tunes it and saves the adapter and the merged model, 06_preference tunes that adapter with DPO and
+# 07_grpo with GRPO.
 CHAINED_PARAMETERS = {
     "00_quickstart": ("save_dir",),
     "04_finetune": ("model_dir", "adapter_dir", "merged_dir"),
     "06_preference": ("adapter_dir", "out_dir"),
+    "07_grpo": ("adapter_dir", "out_dir"),
 }
 
 
 def test_every_notebook_has_test_parameters():
     assert set(TEST_PARAMETERS) == set(NOTEBOOKS)
     assert sorted(p.stem for p in NOTEBOOK_DIR.glob("*.ipynb")) == sorted(NOTEBOOKS)
-    assert len(NOTEBOOKS) == 7
+    assert len(NOTEBOOKS) == 8
 
 
 @pytest.mark.parametrize("name", list(NOTEBOOKS))
@@ -230,6 +248,10 @@ def test_notebook_executes(name, request, python3_kernel):
         nb = run_notebook(name, EXECUTED / f"{name}.ipynb", TEST_PARAMETERS[name], python3_kernel)
         if name == "06_preference":  # fresh adapters: the reference is the same weights without them
             assert "DPO reference: adapters_off" in printed(nb)
+        if name == "07_grpo":  # no adapter given: a tiny model fine-tuned on the format, then GRPO from it
+            text = printed(nb)
+            assert "fine-tuned a tiny llama" in text and "reward/right_working" in text
+            assert re.search(r"compiles: \d+ in warm-up, 0 after it\n", text)
 
 
 @pytest.fixture(scope="module")
@@ -277,10 +299,11 @@ def test_finetune_without_a_checkpoint_says_how_to_make_one(python3_kernel, tmp_
 
 
 @pytest.mark.slow
-def test_preference_tunes_the_finetune_adapter(finetune_run, python3_kernel, tmp_path):
+def test_preference_and_grpo_tune_the_finetune_adapter(finetune_run, python3_kernel, tmp_path):
     # SFT, then DPO: 06_preference continues 04_finetune's adapter on the shipped pairs. The
     # reference is the adapter's model ('auto' resolves to 'precompute'), and the tuned adapter is
-    # saved as an adapter directory again.
+    # saved as an adapter directory again. Then SFT, then GRPO: 07_grpo continues the same adapter on
+    # math-sample's prompts (one test: the chain's 00 and 04 runs serve both).
     _, _, adapter, _ = finetune_run
     tuned = tmp_path / "tuned"
     parameters = {**TEST_PARAMETERS["06_preference"], "adapter_dir": str(adapter), "out_dir": str(tuned)}
@@ -291,3 +314,13 @@ def test_preference_tunes_the_finetune_adapter(finetune_run, python3_kernel, tmp
     assert "reward_accuracy" in text and "DPO loss" in text
     assert (tuned / "adapter_config.json").is_file() and (tuned / "adapter_model.safetensors").is_file()
     assert not (tuned / "model.safetensors").exists(), "the adapter directory holds the whole model"
+
+    rl_tuned = tmp_path / "grpo"
+    parameters = {**TEST_PARAMETERS["07_grpo"], "adapter_dir": str(adapter), "out_dir": str(rl_tuned)}
+    nb = run_notebook("07_grpo", EXECUTED / "07_grpo-chained.ipynb", parameters, python3_kernel)
+    text = printed(nb)
+    assert f"{adapter}: training " in text, "04_finetune's adapter was not the starting model"
+    assert "fine-tuned a tiny" not in text, "an SFT ran although the adapter was given"
+    assert "held-out accuracy before GRPO" in text and "reward/math_answer" in text
+    assert re.search(r"compiles: \d+ in warm-up, 0 after it\n", text)
+    assert (rl_tuned / "adapter_config.json").is_file() and not (rl_tuned / "model.safetensors").exists()

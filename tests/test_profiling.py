@@ -12,10 +12,11 @@ import time
 import pytest
 import transformers as tf
 
+from workbench.analysis.advice import communication_finding, run_communication
 from workbench.analysis.comm_model import predict_communication
 from workbench.analysis.flops import mfu, training_flops_per_token
 from workbench.analysis.metrics import INTERVAL_KEYS
-from workbench.analysis.profiler import StepProfiler, communication_finding, run_communication
+from workbench.analysis.profiler import StepProfiler
 from workbench.analysis.trace import trace
 from workbench.backend.hardware import CHIPS, HardwareInfo
 from workbench.config import WorkbenchConfig

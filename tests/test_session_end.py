@@ -201,12 +201,16 @@ def test_checkpoint_every_in_time_saves_when_the_time_has_passed(tmp_path):
 def test_a_time_limited_run_stops_in_time_with_a_complete_checkpoint_and_resumes_bitwise(tmp_path):
     steps, data = 40, token_dataset(48)
     common = {"train.steps": steps, "train.checkpoint_dir": str(tmp_path), "train.checkpoint_every": 4}
+    began = time.monotonic()
     straight = Trainer(tiny_cfg(**{"train.steps": steps}), train_dataset=data).fit()
+    step_s = (
+        time.monotonic() - began
+    ) / steps  # this machine's step now, loading included: a busy CPU gets more room
 
-    def slow_step(metrics: dict) -> None:  # steps of about 0.15 s: 40 of them would take 6 s
+    def slow_step(metrics: dict) -> None:  # steps of at least 0.15 s: 40 of them take over 6 s + 40 steps
         time.sleep(0.15)
 
-    limit = 3.0
+    limit = 3.0 + 20 * step_s  # room for a few steps and a save, never for all 40 (6 s + 40 x step_s)
     start = time.monotonic()
     trainer = Trainer(
         tiny_cfg(**common, **{"train.time_limit": limit}), train_dataset=data, callbacks=[slow_step]
@@ -363,3 +367,58 @@ def test_xla_time_limited_run_resumes_as_if_never_stopped(time_limited_xla):
     assert run["resumed_steps"] == list(range(k + 1, 61))
     assert run["resumed"] == pytest.approx(run["straight"][k:], rel=1e-6)
     assert run["resumed_compiles_after_warmup"] == 0
+
+
+class RolloutStreamClock:
+    """A GRPO stream on a fake clock: ``next()`` spends a rollout's seconds every `every` steps (as
+    `workbench.rl.rollout.RolloutStream` samples inside it), the step after it its training seconds."""
+
+    def __init__(self, clock: FakeClock, *, rollout_s: float, train_s: float, every: int) -> None:
+        self.clock, self.rollout_s, self.train_s, self.every, self.served = (
+            clock,
+            rollout_s,
+            train_s,
+            every,
+            0,
+        )
+
+    def step(self) -> None:
+        if self.served % self.every == 0:
+            self.clock.now += self.rollout_s  # the rollout, inside next()
+        self.served += 1
+        self.clock.now += self.train_s  # the training step
+
+
+@pytest.mark.parametrize("every", [1, 4, 40])
+def test_a_grpo_steps_rollout_is_planned_with_it_and_the_run_stops_in_time(every):
+    clock = FakeClock()
+    budget = TimeBudget(2000.0, clock=clock)
+    budget.expect_saves(0)  # a save is planned at 2 s
+    budget.expect_rollouts(every)  # grpo.num_iterations
+    stream = RolloutStreamClock(clock, rollout_s=9.0, train_s=1.0, every=every)
+    while not budget.must_stop(eval_next=False):
+        stream.step()
+        if stream.served == every + 1:  # a rollout cycle measured: the next step is planned as a rollout's
+            assert budget._step_s() == pytest.approx(10.0)
+            # the long haul: a rollout's 9 s shared by its `every` steps
+            per_step = 1.0 + 9.0 / every
+            left = budget.left()
+            assert budget.planned_stop_step(0, 10**6, eval_every=0) == int((left / SAFETY - 2.0) // per_step)
+    used = clock.now - budget.start
+    # a step with its rollout and the save would not have fit; the save still does, and the run never
+    # planned a step without the rollout it might need, however many steps a rollout serves
+    assert 2000 - used < SAFETY * (10.0 + 2.0) and 2000 - used >= SAFETY * 2.0
+    assert budget._step_s() == pytest.approx(10.0)
+
+
+def test_without_expect_rollouts_a_long_cycle_falls_out_of_the_window():
+    clock = FakeClock()
+    budget = TimeBudget(None, clock=clock)
+    stream = RolloutStreamClock(clock, rollout_s=9.0, train_s=1.0, every=40)
+    for _ in range(20):
+        budget.must_stop(eval_next=False)
+        stream.step()
+    budget.must_stop(eval_next=False)
+    assert budget._step_s() == 1.0  # 16 steps remembered: the rollout forgotten
+    budget.expect_rollouts(40)
+    assert budget.steps.maxlen == 80

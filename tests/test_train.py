@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+from workbench.analysis.metrics import GRPO_KEYS, METRIC_KEYS
 from workbench.backend.hardware import HardwareError
 from workbench.config import WorkbenchConfig
 from workbench.train import Trainer
@@ -121,6 +122,8 @@ def test_loss_falls_and_metrics_reach_callbacks_every_log_interval():
     keys |= {"recompiled", "transfers", "host_rss_bytes", "device_memory_bytes", "device_memory_limit_bytes"}
     keys |= {"tokens_seen", "elapsed_s", "eval_loss"}
     assert keys <= set(seen[0])
+    assert set(seen[0]) == set(METRIC_KEYS)  # every contract key, GRPO's None in any other run
+    assert all(seen[0][key] is None for key in GRPO_KEYS)
     assert seen[-1]["loss"] < seen[0]["loss"]
     assert seen[-1]["tokens_seen"] > seen[0]["tokens_seen"] > 0
     assert result.tokens_per_s and result.tokens_per_s > 0

@@ -1,10 +1,11 @@
 """The config panel's controls for the settings that shrink a big model's step: a quantized
 base (``model.quantize``), a chunked loss (``train.loss_chunk_tokens``) and the attention kernel
-(``model.attention``).
+(``model.attention``); beside their readouts, a GRPO run's rows and rollout KV cache.
 
 `MemorySavingControls` holds the three widgets; the panel (`widgets.config_panel.ConfigPanel`) asks
 it for its config overrides and wires its widgets like its own. What each setting saves is drawn
-by `widgets.config_figures.quantize_readout`, `loss_chunk_readout` and `attention_readout`.
+by `widgets.config_figures.quantize_readout`, `loss_chunk_readout` and `attention_readout`; under
+``train.objective: grpo`` `rollout_readout` adds the step's rows and the rollout's KV cache.
 
 - Quantized base: 'none' (the training precision), 'int8' (per output channel) or 'int4'
   (blockwise). Only LoRA trains on top of integers: with LoRA off the config refuses it, and the
@@ -21,7 +22,7 @@ from typing import Any
 
 import ipywidgets as ipw
 
-from widgets.config_figures import attention_readout, loss_chunk_readout, quantize_readout
+from widgets.config_figures import attention_readout, loss_chunk_readout, quantize_readout, rollout_readout
 from workbench.models.attention_choice import ATTENTION_KERNELS
 from workbench.models.quantize import QUANTIZE_MODES
 
@@ -87,6 +88,7 @@ class MemorySavingControls:
         self.quantize_html = ipw.HTML().add_class("wb-quantize-saving")
         self.loss_chunk_html = ipw.HTML().add_class("wb-loss-chunk-saving")
         self.attention_html = ipw.HTML().add_class("wb-attention-saving")
+        self.rollout_html = ipw.HTML().add_class("wb-rollout")
 
     @property
     def widgets(self) -> list[ipw.Widget]:
@@ -94,14 +96,16 @@ class MemorySavingControls:
 
     @property
     def readouts(self) -> list[ipw.HTML]:
-        """What each setting saves: the quantized base, the loss chunks, the attention scores."""
-        return [self.quantize_html, self.loss_chunk_html, self.attention_html]
+        """What each setting saves: the quantized base, the loss chunks, the attention scores; a GRPO
+        step's rows and rollout cache (empty for other objectives)."""
+        return [self.quantize_html, self.loss_chunk_html, self.attention_html, self.rollout_html]
 
     def draw(self, est: Any, cfg: Any) -> None:
         """Redraw the readouts for the estimate `est` of config `cfg`."""
         self.quantize_html.value = quantize_readout(est)
         self.loss_chunk_html.value = loss_chunk_readout(est, cfg.train.loss_chunk_tokens)
         self.attention_html.value = attention_readout(est, est.eager_scores_bytes, cfg.model.attention)
+        self.rollout_html.value = rollout_readout(est)
 
     def overrides(self) -> dict[str, Any]:
         """The ``model.quantize``, ``train.loss_chunk_tokens`` and ``model.attention`` settings these controls describe."""

@@ -45,6 +45,9 @@ BREAKDOWN_COLORS = {
     "param_casts": "#7f7f7f",
     "grad_accum_buffer": "#bcbd22",
     "dequant": "#17becf",
+    "reference": "#aec7e8",
+    "rollout": "#98df8a",
+    "old_logps": "#ffbb78",
 }
 
 
@@ -301,6 +304,27 @@ def attention_readout(est: Any, eager_scores_bytes: int, setting: str) -> str:
         else "no scores"
     )
     return f"Attention <b>{kernel}</b>{why}: {held} instead of {format_bytes(eager_scores_bytes)} (eager)"
+
+
+def rollout_readout(est: Any) -> str:
+    """A GRPO step (``train.objective: grpo``): its rows of prompt + completion per device, and the
+    rollout's KV cache against the training step's activations and logits (the peak holds the larger);
+    empty for any other objective."""
+    grpo = est.rollout
+    if grpo is None:
+        return ""
+    prompts = est.per_device_batch
+    rows = (
+        f"GRPO: {prompts} prompt{'s' if prompts != 1 else ''} × {grpo.rows // max(prompts, 1)} completions = "
+        f"<b class='wb-rollout-rows'>{grpo.rows}</b> rows of {est.seq_len} tokens per device "
+        f"(prompt {grpo.prompt_length} + completion {grpo.completion_positions})"
+    )
+    held = f"{format_bytes(grpo.kv_cache_bytes)} + sampler {format_bytes(grpo.sampler_bytes)}"
+    if grpo.excess_bytes:
+        where = f"adds <b>{format_bytes(grpo.excess_bytes)}</b> over the step's activations and logits"
+    else:
+        where = f"within the step's {format_bytes(grpo.training_transient_bytes)} of activations and logits"
+    return f"{rows}; rollout KV cache <b class='wb-kv-cache'>{held}</b>, {where}"
 
 
 def _count(n: int) -> str:

@@ -253,7 +253,9 @@ class ConfigPanel:
         self.fits_html = ipw.HTML().add_class("wb-fits")
         self.max_batch_html = ipw.HTML().add_class("wb-max-batch")
         self.trainable_html = ipw.HTML().add_class("wb-trainable")
-        self.quantize_html, self.loss_chunk_html, self.attention_html = self.memory_saving.readouts
+        self.quantize_html, self.loss_chunk_html, self.attention_html, self.rollout_html = (
+            self.memory_saving.readouts
+        )
         self.buckets_html = ipw.HTML().add_class("wb-bucket-efficiency")
         self.tradeoff_html = ipw.HTML().add_class("wb-bucket-tradeoff")
         self.error_html = ipw.HTML().add_class("wb-error")

@@ -1,4 +1,4 @@
-"""Live training dashboard: one live plot with six panels (nine under DPO), fed by trainer callbacks.
+"""Live training dashboard: one live plot with six panels (nine under DPO, ten under GRPO), fed by trainer callbacks.
 
 A `Dashboard` is a callback: pass it to ``Trainer(..., callbacks=[dashboard])`` and it receives
 the metrics dict once per log interval: a `RunMetrics` (the contract in
@@ -22,6 +22,14 @@ log-probs of the chosen and rejected answers; the status line adds the latest re
 margin. By default (``preference=None``) they appear with the first metrics dict that carries a
 preference figure, so an SFT run's figure is the six panels alone.
 
+GRPO (``train.objective: grpo``, where the loss panel shows the GRPO loss) adds four: the reward
+(its mean with a band of one standard deviation, and the held-out eval's mean as points), each reward
+function's mean (``reward/<name>``), the completion length, and the clip ratio, KL and share of groups
+without signal; the step-time panel splits into rollout and training time and the throughput panel
+adds the rollout's tokens/s. They appear with the first metrics dict that carries a GRPO figure
+(``grpo=None``); the status line adds the latest reward, eval reward and completion length. The
+panels and traces are `widgets.dashboard_panels`'.
+
 The figure is a `widgets.live_plot.LivePlot`, not plotly's `FigureWidget`: each flush travels as
 a numbered append-only delta and any page that rendered late or missed one catches up from the
 synced state (the reasons are in that module). Long runs stay cheap in the browser: each trace
@@ -41,173 +49,30 @@ import time
 from collections.abc import Callable, Mapping
 from copy import deepcopy
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import ipywidgets as ipw
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.subplots import make_subplots
 
+from widgets.dashboard_panels import (
+    EVERY_POINT,
+    HOVER_TEXT,
+    MFU_UNKNOWN,
+    REWARD_SLOT_NAMES,
+    TRACES,
+    Extra,
+    axis_suffix,
+    base_look,
+    extra_of,
+    is_recompile,
+    panels_of,
+)
 from widgets.live_plot import DecimatedSeries, LivePlot, TraceData
-from workbench.analysis.metrics import PREFERENCE_KEYS, RunMetrics
+from workbench.analysis.metrics import RunMetrics
 from workbench.units import GiB, format_duration
 
-# (panel title, row, col) in a 3 x 2 grid; preference tuning adds rows 4 and 5 (the last panel spans both columns).
-PANELS: dict[str, tuple[str, int, int]] = {
-    "tokens_per_s": ("Throughput (real tokens/s)", 1, 1),
-    "mfu": ("MFU (% of peak bf16)", 1, 2),
-    "step_time": ("Step time (s)", 2, 1),
-    "loss": ("Loss", 2, 2),
-    "compiles": ("XLA compiles per log interval", 3, 1),
-    "memory": ("Memory (GiB)", 3, 2),
-    "reward_accuracy": ("Reward accuracy (chosen rewarded above rejected)", 4, 1),
-    "reward_margin": ("Reward margin (chosen - rejected)", 4, 2),
-    "logps": ("Log-prob of the chosen and rejected answers (policy)", 5, 1),
-}
-_PREFERENCE_PANELS = ("reward_accuracy", "reward_margin", "logps")
-_EVAL_MARKER = {"mode": "markers", "marker": {"symbol": "diamond", "size": 9, "color": "#d62728"}}
-
-# trace name -> (panel, how to read its y value from a metrics dict, trace kwargs)
-_Getter = Callable[[RunMetrics], Any]
-_MemoryKey = Literal["device_memory_bytes", "device_memory_limit_bytes", "host_rss_bytes"]
-
-
-def _gib(key: _MemoryKey) -> _Getter:
-    def read(m: RunMetrics) -> float | None:
-        value = m.get(key)
-        return None if value is None else value / GiB
-
-    return read
-
-
-def _pct(m: RunMetrics) -> float | None:
-    value = m.get("mfu")
-    return None if value is None else 100.0 * value
-
-
-def _is_recompile(m: RunMetrics) -> bool:
-    # `recompiled` says the run has compiled since warm-up; the marker goes on the intervals
-    # that actually compiled something (the flag may stay set for the rest of the run).
-    return bool(m.get("recompiled")) and bool(m.get("compiles"))
-
-
-def _recompile_y(m: RunMetrics) -> int | None:
-    return m.get("compiles") if _is_recompile(m) else None
-
-
-_TRACES: dict[str, tuple[str, _Getter, dict[str, Any]]] = {
-    "tokens/s": ("tokens_per_s", lambda m: m.get("tokens_per_s"), {"line": {"color": "#1f77b4"}}),
-    "MFU %": ("mfu", _pct, {"line": {"color": "#9467bd"}}),
-    "step time": ("step_time", lambda m: m.get("step_time_s"), {"line": {"color": "#ff7f0e"}}),
-    "train loss": ("loss", lambda m: m.get("loss"), {"line": {"color": "#2ca02c"}}),
-    "eval loss": ("loss", lambda m: m.get("eval_loss"), _EVAL_MARKER),
-    "compiles": ("compiles", lambda m: m.get("compiles"), {"line": {"color": "#7f7f7f"}}),
-    "recompilation": (
-        "compiles",
-        _recompile_y,
-        {"mode": "markers", "marker": {"symbol": "x", "size": 12, "color": "#d62728"}},
-    ),
-    "device memory": ("memory", _gib("device_memory_bytes"), {"line": {"color": "#17becf"}}),
-    "device limit": (
-        "memory",
-        _gib("device_memory_limit_bytes"),
-        {"mode": "lines", "line": {"color": "#d62728", "dash": "dash"}},
-    ),
-    "host RSS": ("memory", _gib("host_rss_bytes"), {"line": {"color": "#bcbd22"}}),
-    "reward accuracy": (
-        "reward_accuracy",
-        lambda m: m.get("reward_accuracy"),
-        {"line": {"color": "#8c564b"}},
-    ),
-    "eval reward accuracy": ("reward_accuracy", lambda m: m.get("eval_reward_accuracy"), _EVAL_MARKER),
-    "reward margin": ("reward_margin", lambda m: m.get("reward_margin"), {"line": {"color": "#e377c2"}}),
-    "eval reward margin": ("reward_margin", lambda m: m.get("eval_reward_margin"), _EVAL_MARKER),
-    "chosen log-prob": ("logps", lambda m: m.get("chosen_logp"), {"line": {"color": "#1f77b4"}}),
-    "rejected log-prob": ("logps", lambda m: m.get("rejected_logp"), {"line": {"color": "#ff7f0e"}}),
-}
-
-
-def _recompile_text(m: RunMetrics) -> str:
-    """Hover text of a recompilation marker: each compile after warm-up and why it happened."""
-    steps = m.get("recompile_steps") or []
-    causes = m.get("recompile_causes") or []
-    lines = [
-        f"step {step}: {causes[i] if i < len(causes) else 'cause not recorded'}"
-        for i, step in enumerate(steps)
-    ]
-    if not lines:
-        lines = [f"{m.get('compiles')} program(s) compiled after warm-up; cause not recorded"]
-    return "<br>".join(html.escape(line).replace("\n", "<br>") for line in lines)
-
-
-# Traces whose hover text explains each point, and traces too rare to decimate (every point drawn).
-_HOVER_TEXT: dict[str, Callable[[RunMetrics], str]] = {"recompilation": _recompile_text}
-_EVERY_POINT = frozenset({"recompilation", "eval loss", "eval reward accuracy", "eval reward margin"})
-
-_MFU_UNKNOWN = "MFU unknown on this hardware (no published peak FLOP/s)"
-
-
-def _axis_suffix(panel: str) -> str:
-    _, row, col = PANELS[panel]
-    index = (row - 1) * 2 + col
-    return "" if index == 1 else str(index)
-
-
-def _panels(preference: bool) -> list[str]:
-    """The panels of the figure: the six of every run, and the preference ones when shown."""
-    return [p for p in PANELS if preference or p not in _PREFERENCE_PANELS]
-
-
-def _base_look(title: str, preference: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The figure's layout and one style dict per trace (in `_TRACES` order), without data.
-
-    Without `preference` the preference traces stay in the figure (a plot's traces are fixed at its
-    creation) but invisible, parked on the loss panel's axes: the grid is the six panels alone.
-    """
-    panels = _panels(preference)
-    rows = 5 if preference else 3
-    specs = [[{}, {}]] * 4 + [[{"colspan": 2}, None]] if preference else None
-    base = make_subplots(
-        rows=rows,
-        cols=2,
-        specs=specs,
-        subplot_titles=[PANELS[p][0] for p in panels],  # row by row, as the subplots are numbered
-        vertical_spacing=0.06 if preference else 0.1,
-        horizontal_spacing=0.08,
-    )
-    for name, (panel, _, style) in _TRACES.items():
-        shown = panel in panels
-        _, row, col = PANELS[panel if shown else "loss"]
-        kwargs = {"mode": "lines+markers", "marker": {"size": 5}, **style}
-        if name in _HOVER_TEXT:
-            kwargs["hovertemplate"] = f"%{{text}}<extra>{name}</extra>"
-        if not shown:
-            kwargs["visible"] = False
-        base.add_trace(go.Scatter(x=[], y=[], name=name, **kwargs), row=row, col=col)
-    base.update_layout(
-        title={"text": title, "x": 0.01},
-        height=1250 if preference else 780,
-        margin={"l": 55, "r": 20, "t": 70, "b": 40},
-        legend={"orientation": "h", "y": -0.04 if preference else -0.06},
-        template="plotly_white",
-    )
-    for panel in panels:
-        _, row, col = PANELS[panel]
-        base.update_xaxes(title_text="step" if row == rows else None, row=row, col=col)
-    # Throughput, time, compiles and memory read best against zero (a 5% wobble is not a cliff).
-    for panel in ("tokens_per_s", "step_time", "compiles", "memory"):
-        _, row, col = PANELS[panel]
-        base.update_yaxes(rangemode="tozero", row=row, col=col)
-    if preference:
-        # A share of pairs, against chance (0.5); a margin against no preference at all (0).
-        _, row, col = PANELS["reward_accuracy"]
-        base.update_yaxes(range=[-0.02, 1.02], tickformat=".0%", row=row, col=col)
-        for panel, y in (("reward_accuracy", 0.5), ("reward_margin", 0.0)):
-            _, row, col = PANELS[panel]
-            base.add_hline(y=y, line={"color": "#999", "width": 1, "dash": "dot"}, row=row, col=col)
-    spec = base.to_plotly_json()
-    styles = [{k: v for k, v in trace.items() if k not in ("x", "y")} for trace in spec["data"]]
-    return spec["layout"], styles
+_TRACES = TRACES  # the traces by name, in the figure's order (tests and callers index the plot by it)
 
 
 class Dashboard:
@@ -225,6 +90,9 @@ class Dashboard:
             rejected log-probs). None: shown from the first metrics dict with a preference figure
             (a DPO run), never for an SFT run. True: shown from the start (waiting for data), so a
             DPO run's figure does not grow; False: never shown.
+        grpo: the GRPO panels (reward, reward per function, completion length, clip ratio / KL /
+            groups without signal), as `preference` is for a DPO run: None shows them from the first
+            metrics dict with a GRPO figure. One objective's panels at most: not both True.
     """
 
     def __init__(
@@ -235,28 +103,33 @@ class Dashboard:
         max_points: int = 2000,
         title: str = "XLA Workbench — training",
         preference: bool | None = None,
+        grpo: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s={min_interval_s!r} is not allowed: must be >= 0")
         if max_points < 10:
             raise ValueError(f"max_points={max_points!r} is not allowed: must be >= 10")
+        if preference and grpo:
+            raise ValueError("preference=True with grpo=True is not allowed: one objective's panels at most")
         self.min_interval_s = float(min_interval_s)
         self.total_steps = total_steps
         self.max_points = int(max_points)
         self.title = title
-        self.preference = preference
+        self.preference, self.grpo = preference, grpo
         self._clock = clock
         self.history: list[RunMetrics] = []
         self.flush_count = 0
         self._last_flush: float | None = None
         self._pending = False
         self._series = {
-            name: DecimatedSeries(self.max_points, decimate=name not in _EVERY_POINT) for name in _TRACES
+            name: DecimatedSeries(self.max_points, decimate=name not in EVERY_POINT) for name in _TRACES
         }
         self._ingested = 0
-        self._shows_preference = preference is True
-        self._base_layout, self._base_styles = _base_look(title, self._shows_preference)
+        self._extra: Extra | None = "preference" if preference else "grpo" if grpo else None
+        self.reward_names: list[str] = []
+        """The reward functions drawn, in order of appearance: one ``reward/<name>`` trace each."""
+        self._base_layout, self._base_styles = base_look(title, self._extra)
         layout, styles = self._look()
         self.figure = LivePlot(layout, styles, name=title)
         self.status = ipw.HTML(value=self._status_html(), layout=ipw.Layout(margin="0 0 4px 0"))
@@ -264,10 +137,17 @@ class Dashboard:
     @property
     def shows_preference(self) -> bool:
         """Whether the figure has the preference panels now."""
-        return self._shows_preference
+        return self._extra == "preference"
+
+    @property
+    def shows_grpo(self) -> bool:
+        """Whether the figure has the GRPO panels now."""
+        return self._extra == "grpo"
 
     def trace(self, name: str) -> TraceData:
-        """What the page draws of the trace called `name` (e.g. 'tokens/s', 'recompilation')."""
+        """What the page draws of the trace called `name` (e.g. 'tokens/s', 'recompilation', 'reward/format')."""
+        if name.startswith("reward/") and name[len("reward/") :] in self.reward_names:
+            name = REWARD_SLOT_NAMES[self.reward_names.index(name[len("reward/") :])]
         if name not in _TRACES:
             raise KeyError(f"no trace named {name!r}; traces: {', '.join(_TRACES)}")
         return self.figure.data[list(_TRACES).index(name)]
@@ -308,15 +188,21 @@ class Dashboard:
             # Programs compiled before the first interval (prewarm) are drawn at step 0.
             self._series["compiles"].append(0, warm)
         for m in rows[self._ingested :]:
-            if self.preference is None and not self._shows_preference and _has_preference(m):
-                # A DPO run: the grid grows by the preference panels (a new look, the traces kept).
-                self._shows_preference = True
-                self._base_layout, self._base_styles = _base_look(self.title, True)
+            extra = extra_of(m) if self._extra is None else None
+            if extra is not None and {"preference": self.preference, "grpo": self.grpo}[extra] is None:
+                # A DPO or GRPO run: the grid grows by its panels (a new look, the traces kept).
+                self._extra = extra
+                self._base_layout, self._base_styles = base_look(self.title, extra)
+            rewards = m.get("rewards") or {}
+            for reward in rewards:
+                if reward not in self.reward_names and len(self.reward_names) < len(REWARD_SLOT_NAMES):
+                    self.reward_names.append(reward)
+            by_slot = {slot: rewards.get(n) for slot, n in zip(REWARD_SLOT_NAMES, self.reward_names)}
             for name, (_, read, _) in _TRACES.items():
-                y = read(m)
+                y = by_slot.get(name) if name in REWARD_SLOT_NAMES else read(m)
                 if y is None or (isinstance(y, float) and not math.isfinite(y)):
                     continue
-                hover = _HOVER_TEXT.get(name)
+                hover = HOVER_TEXT.get(name)
                 self._series[name].append(int(m["step"]), float(y), hover(m) if hover else None)
         self._ingested = len(rows)
 
@@ -326,22 +212,25 @@ class Dashboard:
         notes = list(layout.get("annotations", []))
         styles = []
         filled: set[str] = set()
-        panels = _panels(self._shows_preference)
+        panels = panels_of(self._extra)
+        named = dict(zip(REWARD_SLOT_NAMES, (f"reward/{n}" for n in self.reward_names)))
         for style, (name, (panel, _, _)) in zip(self._base_styles, _TRACES.items(), strict=True):
             has_points = len(self._series[name]) > 0 and panel in panels
-            styles.append({**style, "showlegend": has_points})
+            # a band's lower edge stays out of the legend: its upper edge (the filled one) stands for both
+            legend = has_points and style.get("showlegend", True)
+            styles.append({**style, "showlegend": legend, **({"name": named[name]} if name in named else {})})
             if has_points:
                 filled.add(panel)
         for panel in panels:
             if panel in filled:
                 continue
-            suffix = _axis_suffix(panel)
+            suffix = axis_suffix(panel)
             for axis in (f"xaxis{suffix}", f"yaxis{suffix}"):
                 layout[axis] = {**layout.get(axis, {}), "visible": False}
             if not self.history:
                 text = "waiting for the first log interval"
             elif panel == "mfu":
-                text = _MFU_UNKNOWN
+                text = MFU_UNKNOWN
             else:
                 text = "not reported by this run"
             notes.append(
@@ -382,11 +271,14 @@ class Dashboard:
         rss = [m["host_rss_bytes"] for m in rows if m.get("host_rss_bytes") is not None]
         dev = [m["device_memory_bytes"] for m in rows if m.get("device_memory_bytes") is not None]
         losses = [m["loss"] for m in rows if m.get("loss") is not None]
-        preference = {}
-        if self._shows_preference:
-            for key in ("reward_accuracy", "reward_margin", "eval_reward_accuracy", "eval_reward_margin"):
-                values = [m[key] for m in rows if m.get(key) is not None]
-                preference[f"final_{key}"] = values[-1] if values else None
+        headline = {
+            "preference": ("reward_accuracy", "reward_margin", "eval_reward_accuracy", "eval_reward_margin"),
+            "grpo": ("reward_mean", "eval_reward_mean", "completion_length"),
+        }.get(self._extra or "", ())
+        objective = {}
+        for key in headline:
+            values = [m[key] for m in rows if m.get(key) is not None]
+            objective[f"final_{key}"] = values[-1] if values else None
         return {
             "intervals": len(rows),
             "last_step": last["step"],
@@ -396,12 +288,14 @@ class Dashboard:
             "mfu": last.get("mfu"),
             "warmup_compiles": self._warmup_compiles(rows),
             "total_compiles": last.get("total_compiles"),
-            "recompilations": sum(1 for m in rows if _is_recompile(m)),
+            "recompilations": sum(1 for m in rows if is_recompile(m)),
             "tokens_seen": last.get("tokens_seen"),
             "elapsed_s": last.get("elapsed_s"),
             "peak_host_rss_gib": max(rss) / GiB if rss else None,
             "peak_device_memory_gib": max(dev) / GiB if dev else None,
-            **preference,  # a DPO run's headline: the last reward accuracy and margin, train and eval
+            # a DPO run's headline: the last reward accuracy and margin, train and eval; a GRPO run's:
+            # the last mean reward, train and eval, and completion length
+            **objective,
         }
 
     def _status_html(self) -> str:
@@ -415,6 +309,11 @@ class Dashboard:
             parts.append(f"reward accuracy <b>{100 * s['final_reward_accuracy']:.0f}%</b>")
         if s.get("final_reward_margin") is not None:
             parts.append(f"margin <b>{s['final_reward_margin']:.3f}</b>")
+        for key, label in (("reward_mean", "reward"), ("eval_reward_mean", "eval reward")):
+            if s.get(f"final_{key}") is not None:
+                parts.append(f"{label} <b>{s[f'final_{key}']:.3f}</b>")
+        if s.get("final_completion_length") is not None:
+            parts.append(f"completions <b>{s['final_completion_length']:.0f}</b> tokens")
         if s["last_tokens_per_s"] is not None:
             parts.append(f"<b>{s['last_tokens_per_s']:,.0f}</b> tokens/s")
         if s["mfu"] is not None:
@@ -456,7 +355,7 @@ class Dashboard:
         """(step, why) for every compile after warm-up, from the intervals that had one."""
         found = []
         for m in self.history:
-            if not _is_recompile(m):
+            if not is_recompile(m):
                 continue
             steps = m.get("recompile_steps") or [m["step"]]
             causes = m.get("recompile_causes") or []
@@ -509,11 +408,6 @@ pre {{ background: #f6f6f6; padding: 8px; font-size: 12px; }}
 """
         path.write_text(page, encoding="utf-8")
         return path
-
-
-def _has_preference(m: RunMetrics) -> bool:
-    """Whether a metrics dict carries a preference-tuning figure (an SFT run's are all None)."""
-    return any(m.get(key) is not None for key in PREFERENCE_KEYS)
 
 
 def _time_limit_parts(m: RunMetrics, total_steps: int | None) -> list[str]:

@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument(
+        "--top-p", type=float, default=1.0, help="the nucleus kept when sampling, in (0, 1] (1: off)"
+    )
     gen.add_argument("--repetition-penalty", type=float, default=1.0, help="as model.generate's (1: off)")
     gen.add_argument(
         "--stop",
@@ -77,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_arguments(
         sub.add_parser(
             "eval",
-            help="loss and perplexity of a model directory on a data file",
+            help="loss and perplexity of a model directory on a data file, or with --rewards its rewards and accuracy",
             description="Evaluate --model on every record of --data; exit 0 done, 1 failed while evaluating, "
             "2 could not start.",
         )
@@ -120,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_config_command(args)
         if args.command == "info":
-            print(_info(detect(args.device_type), as_json=args.json))
+            print(_info(detect(args.device_type), as_json=args.json, device_type=args.device_type))
             return 0
         if args.command == "smoke":
             from workbench.smoke import run_smoke
@@ -151,18 +154,29 @@ def _print_notice(message: str) -> None:
     print(f"notice: {message}", file=sys.stderr)
 
 
-def _info(hw: Any, *, as_json: bool) -> str:
-    """The detected hardware, and where the default config's compilation cache goes on it."""
+def _info(hw: Any, *, as_json: bool, device_type: str = "auto", facts: Any = None) -> str:
+    """The detected hardware, where the default config's compilation cache goes on it, and which
+    execution backend a run uses and the rule that picked it (`facts`: the machine's, by default)."""
     import json
 
+    from workbench.backend import routing
     from workbench.backend.compile_cache import describe_compile_cache
+    from workbench.backend.hardware import machine_facts
     from workbench.config import TrainConfig
 
-    rows = {**hw.to_dict(), "compile_cache": describe_compile_cache(TrainConfig().compile_cache_dir, hw)}
+    route = routing.choose(device_type, facts or machine_facts())
+    execution = "; ".join([routing.describe_run(hw, route), *route.notices])
+    rows = {
+        **hw.to_dict(),
+        "execution": execution,
+        "compile_cache": describe_compile_cache(TrainConfig().compile_cache_dir, hw),
+    }
     if as_json:
         return json.dumps(rows, indent=2)
     width = max(len(key) for key in rows)
-    return f"{hw.table()}\n{'compile_cache':<{width}}  {rows['compile_cache']}"
+    return "\n".join(
+        [hw.table(), *(f"{key:<{width}}  {rows[key]}" for key in ("execution", "compile_cache"))]
+    )
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -216,6 +230,7 @@ def _generate(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k,
+            top_p=args.top_p,
             repetition_penalty=args.repetition_penalty,
             stop=args.stop,
             seed=args.seed,

@@ -24,8 +24,17 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from workbench.config_parse import ConfigError, build_section, require, set_dotted, split_override
+from workbench.config_checks import validate_run
+from workbench.config_parse import (
+    ConfigError,
+    build_section,
+    require,
+    set_dotted,
+    split_override,
+    yaml_problem,
+)
 from workbench.models.families import FAMILY_NAMES
+from workbench.rl.settings import GRPOConfig, validate_grpo, validate_grpo_run
 from workbench.units import duration_or_none, duration_with_unit
 
 ModelFamily = Literal[FAMILY_NAMES]  # type: ignore[valid-type]
@@ -75,6 +84,7 @@ COLUMN_KEYS = (
     "text",
     "chosen",
     "rejected",
+    "answer",
 )
 """The names `DataConfig.columns` maps onto: every column a record format reads (`workbench.data.formats`)."""
 
@@ -82,13 +92,13 @@ COLUMN_KEYS = (
 @dataclass
 class DataConfig:
     source: str = "embedded"
-    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records), 'preference-sample' (the shipped prompt/chosen/rejected pairs, for `train.objective: dpo`), a local file or directory of files, or a directory written by `datasets`' save_to_disk (a DatasetDict gives its 'train' split, or its only one)."""
+    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records), 'preference-sample' (the shipped prompt/chosen/rejected pairs, for `train.objective: dpo`), 'math-sample' (arithmetic word problems with answers, made deterministically: prompts for `train.objective: grpo`, question/solution chat records otherwise), a local file or directory of files, or a directory written by `datasets`' save_to_disk (a DatasetDict gives its 'train' split, or its only one)."""
     format: Literal["auto", "text", "messages", "prompt_response", "alpaca", "sharegpt"] = "auto"
     """Record format: 'messages' (lists of {role, content}); 'sharegpt' (conversations: lists of {from, value}, from in human/user, gpt/assistant/model, system); 'alpaca' (instruction, optional input, output, optional system; the user turn is instruction + blank line + input when input is not empty); 'prompt_response' (prompt, response, optional system; other columns such as scores are kept for `filter`); 'text' (the `text_field` column). 'auto' takes the first that fits, in that order, and says which. Under `train.objective: dpo` records are pairs (prompt/chosen/rejected, chosen/rejected conversations, or scored responses with `pair_by`) and this field is not read. Configs written before `file_type` existed set a file type here: jsonl/json/csv/parquet move to `file_type`, and 'text' (now plain-text records) still reads a file of unknown extension as lines of text."""
     file_type: Literal["auto", "jsonl", "json", "csv", "parquet", "text"] = "auto"
     """How a local `source` file is read; 'auto' goes by the extension (.jsonl, .json, .csv, .parquet, .txt, .text). A save_to_disk directory is read as what it is."""
     columns: dict[str, str] | None = None
-    """Your column names for the format's own, e.g. {prompt: question, response: answer}; keys: prompt, response, system, messages, conversations, instruction, input, output, text (as `text_field`), and for preference pairs chosen, rejected. On the command line: 'data.columns={prompt: question, response: answer}'."""
+    """Your column names for the format's own, e.g. {prompt: question, response: answer}; keys: prompt, response, system, messages, conversations, instruction, input, output, text (as `text_field`), for preference pairs chosen, rejected, and for GRPO prompts answer (the reference the rewards compare with). On the command line: 'data.columns={prompt: question, response: answer}'."""
     filter: str | list[str] | None = None
     """Rows to keep, before tokenising: 'column op literal' conditions (ops == != >= <= > <; literals: numbers, quoted strings, true, false, null) joined by 'and', or a list of such strings that must all hold; e.g. 'helpfulness >= 3 and verbosity <= 2'."""
     text_field: str = "text"
@@ -210,7 +220,9 @@ class TrainConfig:
     compile_cache_dir: str | None = "auto"
     """Persistent XLA compilation cache, kept across sessions; 'auto' uses one on a TPU (Drive, /kaggle/working or ./.xla_cache), None turns it off."""
     prewarm: bool = True
-    """On XLA, compile every batch shape the run can meet before the first step (no compiles mid-run)."""
+    """On XLA, and for a compiled native step (`compile`), compile every batch shape the run can meet before the first step (no compiles mid-run)."""
+    compile: Literal["auto", "off", "on"] = "auto"
+    """Plain torch (CPU, CUDA, torchrun): run the step's forward and loss through torch.compile (inductor, static shapes: one graph per bucket shape, compiled in warm-up). 'auto': on with CUDA, off on the CPU, where compiling a shape (17 s for the quickstart's model, 86 s for SmolLM2-135M's, on 2 cores) took 90 to 7,000 steps to pay back (`bench/compile_native.py`). Not read on XLA, which compiles every step anyway. A YAML on/off means 'on'/'off'."""
     resume: bool = True
     """Resume from the latest complete checkpoint in `checkpoint_dir` when there is one."""
     progress_bar: bool = True
@@ -223,14 +235,16 @@ class TrainConfig:
     """Distillation: softmax temperature of the KL term (the term is scaled by temperature squared)."""
     distill_hidden_weight: float = 0.0
     """Distillation: weight of the last-hidden-state MSE through a learned projection (0 disables it)."""
-    objective: Literal["sft", "dpo"] = "sft"
-    """'sft': next-token cross-entropy on the labelled tokens. 'dpo': direct preference optimisation on prompt/chosen/rejected pairs (`workbench.train.preference`)."""
+    objective: Literal["sft", "dpo", "grpo"] = "sft"
+    """'sft': next-token cross-entropy on the labelled tokens. 'dpo': preference optimisation on prompt/chosen/rejected pairs (`workbench.train.preference`; the loss is `dpo_loss`). 'grpo': reinforcement learning from rewards on sampled completions (the `grpo` section, `workbench.rl`)."""
     dpo_beta: float = 0.1
-    """DPO: strength of the pull towards the reference model (the beta of the DPO and IPO losses)."""
-    dpo_loss: Literal["sigmoid", "ipo"] = "sigmoid"
-    """DPO: 'sigmoid' (the DPO paper's -log sigmoid of the scaled margin) or 'ipo' (squared distance of the length-averaged margin from 1 / (2 beta))."""
+    """DPO: strength of the pull towards the reference model (the beta of the DPO and IPO losses); SimPO's beta (TRL's CPOConfig default is 0.1 too; the SimPO paper uses 2 to 10); ORPO's lambda, the odds-ratio term's weight (TRL's ORPOConfig default 0.1)."""
+    dpo_loss: Literal["sigmoid", "ipo", "simpo", "orpo"] = "sigmoid"
+    """DPO: 'sigmoid' (the DPO paper's -log sigmoid of the scaled margin) or 'ipo' (squared distance of the length-averaged margin from 1 / (2 beta)); reference-free, no reference model at all: 'simpo' (-log sigmoid(beta (chosen - rejected) - simpo_gamma) of the length-averaged log-probs) or 'orpo' (the chosen answer's token-averaged NLL minus beta log sigmoid of the log odds ratio)."""
+    simpo_gamma: float = 0.5
+    """SimPO: the target reward margin gamma, >= 0 (TRL's CPOConfig default 0.5); read only with dpo_loss 'simpo'."""
     dpo_reference: Literal["auto", "adapters_off", "copy", "precompute"] = "auto"
-    """DPO: where the reference log-probs come from. 'adapters_off': the same weights with the LoRA adapters switched off, in the same program; 'copy': a frozen copy of the starting model (its weights count in the memory estimate); 'precompute': one pass before training, stored with the dataset. 'auto': adapters_off under fresh LoRA adapters, precompute when the run continues an adapter (the reference is then the adapter's model), copy for a full fine-tune."""
+    """DPO: where the reference log-probs come from (not read by the reference-free 'simpo' and 'orpo'). 'adapters_off': the same weights with the LoRA adapters switched off, in the same program; 'copy': a frozen copy of the starting model (its weights count in the memory estimate); 'precompute': one pass before training, stored with the dataset. 'auto': adapters_off under fresh LoRA adapters, precompute when the run continues an adapter (the reference is then the adapter's model), copy for a full fine-tune."""
 
 
 @dataclass
@@ -267,6 +281,8 @@ class WorkbenchConfig:
     """Optimisation and the training loop."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA fine-tuning (off while `lora.rank` is 0)."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """GRPO: rollouts, rewards and the clipped policy loss (read under `train.objective: grpo`)."""
 
     # ---- construction -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -293,7 +309,7 @@ class WorkbenchConfig:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise ConfigError(_yaml_problem(err, candidate if is_file else None)) from None
+            raise ConfigError(yaml_problem(err, candidate if is_file else None)) from None
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -478,6 +494,7 @@ def _validate(obj: Any, prefix: str) -> None:
             "must be >= 0",
         )
         require(obj.dpo_beta > 0, f"{p}dpo_beta", obj.dpo_beta, "must be > 0")
+        require(obj.simpo_gamma >= 0, f"{p}simpo_gamma", obj.simpo_gamma, "must be >= 0")
     elif isinstance(obj, LoraConfig):
         require(obj.rank >= 0, f"{p}rank", obj.rank, "must be >= 0 (0 turns LoRA off)")
         require(obj.alpha > 0, f"{p}alpha", obj.alpha, "must be > 0")
@@ -489,57 +506,11 @@ def _validate(obj: Any, prefix: str) -> None:
             names,
             "'auto' or a non-empty list of module names (letters, digits, '_', '.'; e.g. [q_proj, v_proj])",
         )
+    elif isinstance(obj, GRPOConfig):
+        validate_grpo(obj, p)
     elif isinstance(obj, WorkbenchConfig):
-        require(
-            obj.data.max_length <= obj.model.max_position_embeddings or obj.model.pretrained_path is not None,
-            "data.max_length",
-            obj.data.max_length,
-            f"must be <= model.max_position_embeddings={obj.model.max_position_embeddings}",
-        )
-        # A quantized base is frozen integers: only LoRA adapters can train on top of it.
-        require(
-            obj.model.quantize == "none" or obj.lora.rank > 0,
-            "model.quantize",
-            obj.model.quantize,
-            f"needs LoRA adapters to train (lora.rank={obj.lora.rank} trains the base weights, which "
-            "'int8'/'int4' freeze as integers): set lora.rank >= 1 (e.g. 16) or model.quantize=none",
-        )
-        # With a token budget the loader sizes every bucket's batch from it and ignores
-        # train.batch_size, so growing the batch would change no batch and only skip data (the
-        # epoch resumes as if the batches had grown).
-        require(
-            obj.train.dynamic_batch_every == 0 or obj.bucketing.tokens_per_batch is None,
-            "train.dynamic_batch_every",
-            obj.train.dynamic_batch_every,
-            f"must be 0 while bucketing.tokens_per_batch={obj.bucketing.tokens_per_batch} is set "
-            "(the token budget fixes every batch size); unset one of them",
-        )
-        _validate_preference(obj)
-
-
-def _validate_preference(cfg: WorkbenchConfig) -> None:
-    """``train.objective: dpo`` against the rest: a reference it can have, pairs it can batch."""
-    train = cfg.train
-    if train.objective != "dpo":
-        require(
-            cfg.data.pair_by is None,
-            "data.pair_by",
-            cfg.data.pair_by,
-            "pairs responses for preference tuning: set train.objective=dpo, or data.pair_by=null",
-        )
-        return
-    require(
-        train.dpo_reference != "adapters_off" or cfg.lora.rank > 0,
-        "train.dpo_reference",
-        train.dpo_reference,
-        "'adapters_off' needs LoRA adapters (lora.rank >= 1); without them use 'copy' or 'precompute'",
-    )
-    require(
-        not cfg.bucketing.packing,
-        "bucketing.packing",
-        cfg.bucketing.packing,
-        "must be false under train.objective=dpo: a pair's chosen and rejected answers are rows of their own",
-    )
+        validate_run(obj)
+        validate_grpo_run(obj)
 
 
 def _validate_columns(obj: DataConfig, p: str) -> None:
@@ -567,20 +538,6 @@ def _validate_columns(obj: DataConfig, p: str) -> None:
         f"{p}columns",
         columns,
         f"maps 'text' onto {columns.get('text')!r} but text_field={obj.text_field!r}: set one of them",
-    )
-
-
-def _yaml_problem(err: yaml.YAMLError, path: Path | None) -> str:
-    """'config file 'run.yaml' is not valid YAML: line 3, column 4: expected ',' or ']', but got ':' (...)'."""
-    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    problem = getattr(err, "problem", None) or str(err)
-    context = getattr(err, "context", None)
-    what = f"config file {str(path)!r}" if path is not None else "config text"
-    detail = f" ({context})" if context else ""
-    return (
-        f"{what} is not valid YAML: {where}{problem}{detail}; fix that line (a value with ':' or '#' in it "
-        "needs quotes; indent with spaces)"
     )
 
 

@@ -9,9 +9,10 @@ workbench's own). What it does, and nothing about the workbench's fields:
 - `split_override` / `set_dotted`: ``section.field=value`` strings (a CLI flag, a papermill
   parameter) set into that dict;
 - `parse_string` / `check_value`: a string coerced to a field's type with explicit parsers (bool
-  words, ints, floats, a YAML flow mapping for ``dict[str, str]``), never ``eval``; a value that
-  fits none of the hint's options raises `ConfigError` naming the field, the value and the types
-  allowed (`describe_type`).
+  words, ints, floats, a YAML flow mapping for ``dict[str, str]``, ``a,b`` or ``[a, b]`` for
+  ``list[T]``), never ``eval``; a value that fits none of the hint's options raises `ConfigError`
+  naming the field, the value and the types allowed (`describe_type`);
+- `yaml_problem`: a YAML syntax error as one line naming the file, line and column.
 
 The hints understood: ``bool``, ``int``, ``float``, ``str``, ``None``, ``Literal[...]``,
 ``list[T]``, ``dict[str, str]`` and unions of them.
@@ -25,6 +26,7 @@ import math
 import types
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
@@ -120,7 +122,8 @@ def parse_string(text: str, hint: Any, name: str) -> Any:
 
     Tried in the hint's order: null words for an optional field, bool words, int, float; a
     ``dict[str, str]`` field reads the string as a YAML flow mapping (``{prompt: question}``,
-    every scalar kept as a string); ``str`` and ``Literal`` fields keep the text (a Literal is
+    every scalar kept as a string); a ``list[T]`` field (without ``str`` beside it) reads ``a,b`` or
+    ``[a, b]``, each element as a ``T`` field would; ``str`` and ``Literal`` fields keep the text (a Literal is
     checked when the config is built).
     """
     options = _options(hint)
@@ -141,6 +144,8 @@ def parse_string(text: str, hint: Any, name: str) -> Any:
                 pass
         if get_origin(option) is dict and text.lstrip().startswith("{"):
             return _flow_mapping(text, hint, name)
+        if get_origin(option) is list and str not in options:
+            return _comma_list(text, get_args(option)[0], hint, name)
     if str in options or any(get_origin(o) is Literal for o in options):
         return text
     return check_value(text, hint, name)  # raises with the allowed types
@@ -158,6 +163,13 @@ def _flow_mapping(text: str, hint: Any, name: str) -> dict[str, Any]:
             "write it like {prompt: question, response: answer}"
         ) from None
     return check_value(value, hint, name)
+
+
+def _comma_list(text: str, item: Any, hint: Any, name: str) -> Any:
+    """``"a,b"`` or ``"[a, b]"`` as a list of `item` (each element parsed as such a field would be)."""
+    inner = text.strip().removeprefix("[").removesuffix("]")
+    items = [part.strip().strip("'\"") for part in inner.split(",") if part.strip()]
+    return check_value([parse_string(part, item, name) for part in items], hint, name)
 
 
 def _options(hint: Any) -> list[Any]:
@@ -195,6 +207,9 @@ def check_value(value: Any, hint: Any, name: str) -> Any:
             return None
         if get_origin(option) is Literal and value in get_args(option) and isinstance(value, str):
             return value
+        on_off = get_origin(option) is Literal and {"on", "off"} <= set(get_args(option))
+        if on_off and isinstance(value, bool):  # YAML 1.1 reads a bare on/off (yes/no, true/false) as a bool
+            return "on" if value else "off"
         if option is bool and isinstance(value, bool):
             return value
         if option is int and isinstance(value, int) and not isinstance(value, bool):
@@ -204,6 +219,8 @@ def check_value(value: Any, hint: Any, name: str) -> Any:
         if option is str and isinstance(value, str):
             return value
         list_of = get_args(option)[0] if get_origin(option) is list else None
+        if list_of is float and isinstance(value, list) and all(_is_number(v) for v in value):
+            return [float(v) for v in value]  # YAML's [1, 0.5]: an int widened, as a float field's
         if list_of is not None and isinstance(value, list) and all(isinstance(v, list_of) for v in value):
             return list(value)
         if get_origin(option) is dict and isinstance(value, dict):
@@ -285,6 +302,10 @@ def require(ok: bool, name: str, value: Any, allowed: str) -> None:
         raise ConfigError(f"{name}={value!r} is not allowed: {problem}{allowed}")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _finite(value: Any) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
@@ -298,3 +319,17 @@ def refuse_non_finite(obj: Any, prefix: str) -> None:
             raise ConfigError(
                 f"{prefix}{f.name}={value!r} is not allowed: not a finite number; give a finite one"
             )
+
+
+def yaml_problem(err: yaml.YAMLError, path: Path | None) -> str:
+    """'config file 'run.yaml' is not valid YAML: line 3, column 4: expected ',' or ']', but got ':' (...)'."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err)
+    context = getattr(err, "context", None)
+    what = f"config file {str(path)!r}" if path is not None else "config text"
+    detail = f" ({context})" if context else ""
+    return (
+        f"{what} is not valid YAML: {where}{problem}{detail}; fix that line (a value with ':' or '#' in it "
+        "needs quotes; indent with spaces)"
+    )

@@ -9,8 +9,9 @@ page and ``python -m workbench config --explain``) with nothing else to update:
 - the type is the field's hint in words (`workbench.config_parse.describe_type`), with the
   ``Literal`` choices listed;
 - the rules are the checks `workbench.config` runs beyond the type: every ``require(ok, name,
-  value, allowed)`` call in that module, attributed to the key its ``name`` spells
-  (`validation_rules`), so a range such as "must be >= 1" is the message the validation itself
+  value, allowed)`` call in that module and in the modules of sections kept beside their room
+  (`VALIDATION_MODULES`: the ``grpo`` section's `workbench.rl.settings`), attributed to the key
+  its ``name`` spells (`validation_rules`), so a range such as "must be >= 1" is the message the validation itself
   prints. A check on a name that is no field (``mesh.axes``) stays with its section.
 
 `lookup` finds one key, or raises `ConfigError` with a did-you-mean suggestion.
@@ -29,8 +30,14 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import workbench.config as config_module
+import workbench.config_checks as config_checks
+import workbench.rl.settings as grpo_settings
 from workbench.config import WorkbenchConfig
 from workbench.config_parse import ConfigError, describe_type
+
+VALIDATION_MODULES = (config_module, config_checks, grpo_settings)
+"""The modules whose ``require`` calls validate config keys: `workbench.config`, its cross-section checks
+(`workbench.config_checks`) and the sections defined in their own rooms."""
 
 
 @dataclass(frozen=True)
@@ -148,15 +155,20 @@ def lookup(key: str, reference: list[KeyReference] | None = None) -> KeyReferenc
 
 def validation_rules() -> dict[str, list[str]]:
     """``{dotted key: [allowed, ...]}``: the message of every ``require`` call in
-    ``workbench/config.py``, under the key its name argument spells. A name that is no field
+    `VALIDATION_MODULES`, under the key its name argument spells. A name that is no field
     (``f"{p}axes"``) is kept under ``"<section>.*"``; a call whose name cannot be read from the
     source is kept under ``"*"``, so no rule is dropped."""
     sections = {cls.__name__: name for name, cls in config_sections().items()}
     sections[WorkbenchConfig.__name__] = ""
     keys = {f"{s}.{f.name}" for s, cls in config_sections().items() for f in dataclasses.fields(cls)}
     rules: dict[str, list[str]] = {}
-    tree = ast.parse(inspect.getsource(config_module))
-    for function in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+    functions = [
+        node
+        for module in VALIDATION_MODULES
+        for node in ast.parse(inspect.getsource(module)).body
+        if isinstance(node, ast.FunctionDef)
+    ]
+    for function in functions:
         # a helper such as `_validate_columns(obj: DataConfig, p)` checks the section its argument is
         annotated = [a.annotation for a in function.args.args if isinstance(a.annotation, ast.Name)]
         section = next((sections[a.id] for a in annotated if a.id in sections), None)

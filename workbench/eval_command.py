@@ -9,8 +9,18 @@ evaluation (buckets, the device, the mesh), so the figure is the one ``train`` r
 ``eval loss`` for the same data. A training checkpoint's run settings for reading text (max length,
 chat, text field, tokenizer) are the defaults, so the file is tokenised as the run's data was.
 
-Exit codes: 0 evaluated; 1 failed while evaluating; 2 could not start (a bad directory, data file,
-config or override: one ``error:`` line, no traceback).
+With ``--rewards NAME[,NAME]`` it scores completions instead (`workbench.rl.rewards`: built-in
+names such as ``math_answer`` and ``format``, or ``module:function``): FILE's records are read as
+GRPO reads its prompts (`workbench.data.prompts`: ``prompt`` or GSM8K's ``question`` with an
+``answer``; ``math-sample`` in place of a FILE evaluates that sample's held-out split, the one a
+run with the same ``data.eval_fraction`` and ``train.seed`` holds out), each prompt gets one greedy
+completion of up to ``--max-new-tokens`` tokens (`workbench.generate.generate`: bucketed, batched,
+on the device ``train.device_type`` picks), and each reward's mean is printed with the accuracy
+(the share of completions ``math_answer`` scores 1.0, when it is among the rewards).
+
+Exit codes: 0 evaluated; 1 failed while evaluating (a reward function that raises included); 2 could
+not start (a bad directory, data file, config, override or reward name: one ``error:`` line, no
+traceback).
 """
 
 from __future__ import annotations
@@ -40,12 +50,34 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML config for data and device settings")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
     parser.add_argument(
+        "--rewards",
+        metavar="NAME[,NAME]",
+        help="score greedy completions with these reward functions (math_answer, format, length or "
+        "module:function) instead of the loss; --data may then be math-sample",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        metavar="N",
+        help="with --rewards: tokens generated per prompt (default: grpo.max_completion_length)",
+    )
+    parser.add_argument(
         "overrides", nargs="*", metavar="KEY=VALUE", help="dotted config overrides, e.g. data.max_length=512"
     )
 
 
 def run_eval_command(args: argparse.Namespace) -> int:
     """Run ``python -m workbench eval`` for parsed `args`; returns the exit code."""
+    if getattr(args, "rewards", None) is not None:
+        from workbench.eval_rewards import run_reward_eval
+
+        return run_reward_eval(args)
+    if getattr(args, "max_new_tokens", None) is not None:
+        print(
+            "error: --max-new-tokens is read only with --rewards (the loss needs no generation)",
+            file=sys.stderr,
+        )
+        return EXIT_CANNOT_START
     try:
         with notices_as_lines():
             trainer, described, examples = _set_up(args)
@@ -79,20 +111,13 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, str, int]:
     """The model, the records as the eval set, and a `Trainer` to evaluate them with."""
     import torch
 
-    from workbench.config import WorkbenchConfig, load_config
     from workbench.data.records import load_records, tokenize_records
     from workbench.model_dirs import resolve_model_dir
     from workbench.train import Trainer
     from workbench.train.start import load_for_inference
 
     model_dir = resolve_model_dir(args.model, base=args.base, field="--model", notice=_print_notice)
-    defaults = load_config(args.config) if args.config else WorkbenchConfig()
-    if model_dir.kind == "checkpoint" and not args.config and model_dir.run_config:
-        # how the run read its text, not which file it read: its columns and filter fit its own data
-        saved = model_dir.run_config.get("data", {})
-        defaults.data = WorkbenchConfig.from_dict(
-            {"data": {k: saved[k] for k in _READ_AS_TRAINED if k in saved}}
-        ).data
+    defaults = eval_defaults(args, model_dir)
     model, tokenizer = load_for_inference(model_dir.path, base=args.base)  # a root's verified step
     # a bf16 checkpoint is evaluated in bf16 (a full fine-tune's fp32 master weights would double it)
     as_loaded = ["train.precision=bf16"] if next(model.parameters()).dtype == torch.bfloat16 else []
@@ -119,6 +144,21 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, str, int]:
         eval_dataset=records,
     )
     return trainer, model_dir.describe(), len(records)
+
+
+def eval_defaults(args: argparse.Namespace, model_dir: Any) -> Any:
+    """The config ``eval`` starts from: ``--config``'s, else the defaults with, for a training
+    checkpoint, how its run read text (`_READ_AS_TRAINED`)."""
+    from workbench.config import WorkbenchConfig, load_config
+
+    defaults = load_config(args.config) if args.config else WorkbenchConfig()
+    if model_dir.kind == "checkpoint" and not args.config and model_dir.run_config:
+        # how the run read its text, not which file it read: its columns and filter fit its own data
+        saved = model_dir.run_config.get("data", {})
+        defaults.data = WorkbenchConfig.from_dict(
+            {"data": {k: saved[k] for k in _READ_AS_TRAINED if k in saved}}
+        ).data
+    return defaults
 
 
 def _print_notice(message: str) -> None:

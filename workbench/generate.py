@@ -4,9 +4,17 @@
 text, with a tokenizer) as a `GenerationResult`. It runs where the model's weights are: an XLA
 device (TPU, XLA:CPU), CUDA or the CPU. Greedy by default, token for token what
 ``model.generate`` returns for the same weights; ``temperature > 0`` samples (optionally from
-the ``top_k`` most likely tokens) with a seeded generator. ``stop=[...]`` (with a tokenizer) and
-``repetition_penalty`` behave as ``model.generate``'s ``stop_strings`` and ``repetition_penalty``
-(`workbench.generation_controls`: both run on the device inside each step).
+the ``top_k`` most likely tokens, then the ``top_p`` nucleus, as transformers' warpers) with a
+seeded generator. ``stop=[...]`` (with a tokenizer) and ``repetition_penalty`` behave as
+``model.generate``'s ``stop_strings`` and ``repetition_penalty`` (`workbench.generation_controls`:
+both run on the device inside each step).
+
+`sample_rollout(model, input_ids, attention_mask, ...)` is the sampler of reinforcement learning
+(GRPO): rows already left-padded on the host in, a `DeviceRollout` out, every field a device
+tensor (prompt + completion, their mask and positions, the sampled tokens' log-probs) laid out
+for a training forward; exactly `max_new_tokens` steps, no host read at all. `read_rollout` reads
+the completions back in one transfer; `prewarm_rollout` compiles a rollout's programs up front.
+The decoder itself (cache, prefill, decode step, token choice) is `workbench.decoding`.
 
 How every shape stays fixed, so XLA compiles each program once:
 
@@ -17,7 +25,7 @@ How every shape stays fixed, so XLA compiles each program once:
   device every batch has exactly `max_batch_size` rows (filler rows repeat a prompt; their
   output is dropped), so the programs never depend on how many prompts a bucket holds. Off XLA
   (CUDA, the CPU: eager, nothing is compiled) a batch has its prompt count rounded up to a power
-  of two rows, because fewer rows are faster there.
+  of two rows, because fewer rows are faster there. A rollout's rows are the caller's.
 - **The cache.** transformers' `StaticCache` of ``bucket + max_new_tokens`` positions (the new
   tokens rounded up to a multiple of 16). Its sliding-window layers (Mistral, Gemma 2/3, any
   config with ``sliding_window`` or sliding ``layer_types``) are `StaticSlidingWindowLayer`s of
@@ -25,10 +33,12 @@ How every shape stays fixed, so XLA compiles each program once:
 - **One decode program.** The 2-D attention mask covers the whole cache from the start (left
   padding 0, everything else 1: causality hides the positions not written yet); the position
   ids, the cache's own length counter, the output buffer and its write index, the done mask,
-  the stop-string window and the repetition mask are device tensors advanced inside the step.
-  Each step is the same graph over new device data.
+  the stop-string window, the repetition mask and a rollout's log-probs are device tensors
+  advanced inside the step. Each step is the same graph over new device data; top-k and top-p
+  are a top-k, a sort, a cumulative sum and a scatter of fixed shapes.
 
-Programs per bucket (the rows being fixed on XLA): the prefill and one decode step. Sliding-window layers add decode programs
+Programs per bucket (the rows being fixed on XLA): the prefill and one decode step (a rollout adds
+one that lays out its result). Sliding-window layers add decode programs
 at the window's edges: transformers passes their kv offset as a Python int, and torch_xla makes
 an offset of exactly 0 or 1 a constant, so the steps where the window fills up, turns full and
 (measured on torch_xla 2.9) where the offset equals the window each compile their own. A later
@@ -41,28 +51,46 @@ nothing is read back). The tokens come back in one transfer per batch at the end
 end-of-sequence id or stop strings, whether every row has finished is read every
 `stop_check_every` tokens (one small transfer each; 0: never, run to `max_new_tokens`), so a
 batch may run up to that many steps past its last row's end. Tokens after a row's end are
-dropped, as ``model.generate`` pads them.
+dropped, as ``model.generate`` pads them. A rollout never checks: it reads nothing.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
-import inspect
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from workbench.backend import runtime
-from workbench.generation_controls import RepetitionPenalty, StopStrings, prompt_ids, resolve_options
+from workbench.decoding import (
+    CACHE_MULTIPLE,
+    Decoder,
+    cache_budget,
+    inference,
+    seeded,
+    static_cache,
+    to_host,
+)
+from workbench.generation_controls import prompt_ids, resolve_options
+
+__all__ = [
+    "CACHE_MULTIPLE",
+    "MIN_BUCKET",
+    "DeviceRollout",
+    "GenerationResult",
+    "generate",
+    "prewarm_generation",
+    "prewarm_rollout",
+    "read_rollout",
+    "sample_rollout",
+    "static_cache",
+]
 
 MIN_BUCKET = 16
 """The smallest default bucket (power-of-two buckets start here)."""
-CACHE_MULTIPLE = 16
-"""`max_new_tokens` is rounded up to this many cache positions (nearby values share programs)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +132,7 @@ def generate(
     max_batch_size: int = 8,
     temperature: float = 0.0,
     top_k: int | None = None,
+    top_p: float = 1.0,
     seed: int = 0,
     eos_token_id: int | Sequence[int] | str | None = "auto",
     pad_token_id: int | None = None,
@@ -117,8 +146,8 @@ def generate(
 
     `prompts`: token-id lists, or strings with a `tokenizer` (one prompt alone is fine).
     `buckets`: a `BucketPlan` or boundary lengths (default: powers of two from 16).
-    `temperature` 0 is greedy; above 0 samples, from the `top_k` best tokens when given,
-    seeded by `seed` (on XLA the device RNG is seeded and restored afterwards).
+    `temperature` 0 is greedy; above 0 samples, from the `top_k` best tokens when given, then
+    the `top_p` nucleus (transformers' `TopPLogitsWarper`; 1.0: off), seeded by `seed` (on XLA the device RNG is seeded and restored afterwards).
     `eos_token_id`: "auto" takes the model's generation config, else the tokenizer's; None
     never stops early. `stop`: strings that end a row at the token completing one (needs the
     `tokenizer`). `repetition_penalty` > 0 (1.0: off) as ``model.generate``'s.
@@ -128,6 +157,7 @@ def generate(
     controls: dict[str, Any] = dict(
         temperature=temperature,
         top_k=top_k,
+        top_p=top_p,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         stop=stop,
@@ -148,13 +178,13 @@ def generate(
             **controls,
         )
     ids = prompt_ids(prompts, tokenizer)
-    decoder = _Decoder(model, tokenizer, max_batch_size, stop_check_every, **options)
+    decoder = Decoder(model, tokenizer, max_batch_size, stop_check_every, **options)
     sizes = [_bucket(len(p), buckets) for p in ids]
-    budget = _cache_budget(max_new_tokens)
+    budget = cache_budget(max_new_tokens)
     out: list[list[int]] = [[] for _ in ids]
     finished = [False] * len(ids)
-    with _inference(model):
-        with _seeded(decoder, seed):
+    with inference(model):
+        with seeded(decoder, seed):
             for bucket, rows in _batches(sizes, max_batch_size):
                 tokens, ended = decoder.run([ids[i] for i in rows], bucket, budget, max_new_tokens)
                 for i, row, end in zip(rows, tokens, ended):
@@ -184,6 +214,7 @@ def prewarm_generation(
     tokenizer: Any = None,
     temperature: float = 0.0,
     top_k: int | None = None,
+    top_p: float = 1.0,
     eos_token_id: int | Sequence[int] | str | None = "auto",
     pad_token_id: int | None = None,
     stop: str | Sequence[str] | None = None,
@@ -205,265 +236,232 @@ def prewarm_generation(
         max_batch_size=max_batch_size,
         temperature=temperature,
         top_k=top_k,
+        top_p=top_p,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         stop=stop,
         repetition_penalty=repetition_penalty,
     )
     bounds = _bucket_bounds(buckets)
-    decoder = _Decoder(model, tokenizer, max_batch_size, 0, **options)
+    decoder = Decoder(model, tokenizer, max_batch_size, 0, **options)
     if not decoder.xla:
         return 0
     before = runtime.compile_count()
-    with _inference(model), _seeded(decoder, 0):
+    with inference(model), seeded(decoder, 0):
         for bucket in bounds:
-            decoder.prewarm(bucket, _cache_budget(max_new_tokens))
+            decoder.prewarm(bucket, cache_budget(max_new_tokens))
     runtime.wait_device_ops()
     return runtime.compile_count() - before
 
 
+# ---- rollouts: device tensors in, device tensors out ---------------------------------------------
+
+
 @dataclass
-class _Rows:
-    """One batch's per-row device state, advanced inside each step."""
+class DeviceRollout:
+    """A batch of sampled completions, every field a device tensor (nothing read back), laid out as
+    a training step takes them: ``P`` the prompts' padded length, ``C`` the cache budget
+    (`max_new_tokens` rounded up to `CACHE_MULTIPLE`; positions past `max_new_tokens` are padding)."""
 
-    out: torch.Tensor
-    """[rows, budget] the tokens chosen so far."""
-    step: torch.Tensor
-    """[1] where the next token goes in `out`."""
-    done: torch.Tensor
-    """[rows] whether the row has ended (end-of-sequence or a stop string)."""
+    sequences: torch.Tensor
+    """[rows, P + C] the left-padded prompt followed by the completion (the pad id after a row's end)."""
+    attention_mask: torch.Tensor
+    """[rows, P + C] long: 0 on left padding and after a completion's end, 1 elsewhere."""
+    position_ids: torch.Tensor
+    """[rows, P + C] ``(attention_mask.cumsum(-1) - 1).clamp(min=0)``: the positions generation used."""
+    completion_ids: torch.Tensor
+    """[rows, C] the sampled tokens, the pad id after a row's end."""
+    completion_mask: torch.Tensor
+    """[rows, C] fp32: 1 on the completion's tokens up to and including the ending token."""
+    logps: torch.Tensor
+    """[rows, C] fp32: ``log_softmax(logits / temperature)`` at each sampled token, before top-k and
+    top-p (with temperature 0, greedy: of the unscaled logits); 0 past a row's end."""
     lengths: torch.Tensor
-    """[rows] tokens each row produced up to and including the one that ended it."""
-    window: torch.Tensor | None
-    """[rows, width] each row's last tokens, for the stop strings (None without)."""
-    seen: torch.Tensor | None
-    """[rows, vocab] the ids already in each row, for the repetition penalty (None without)."""
-    all_done: torch.Tensor | None = None
-    """[] whether every row has ended: the one value the host reads during decoding."""
+    """[rows] long: tokens per completion, its ending token included."""
+    finished: torch.Tensor
+    """[rows] bool: the row ended on an end-of-sequence token (False: cut at `max_new_tokens`)."""
 
 
-class _Decoder:
-    """Prefill and fixed-shape decode steps for one batch of same-bucket prompts."""
-
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        max_rows: int,
-        stop_check_every: int,
-        *,
-        eos: list[int],
-        pad: int,
-        temperature: float,
-        top_k: int | None,
-        stop: list[str],
-        repetition_penalty: float,
-    ) -> None:
-        self.model, self.max_rows = model, max_rows
-        self.dev = _model_device(model)
-        self.xla = self.dev.type == "xla"
-        self.pad, self.temperature, self.top_k = pad, temperature, top_k
-        self.stop = StopStrings(tokenizer, stop, self.dev) if stop else None
-        self.penalty = RepetitionPenalty(repetition_penalty) if repetition_penalty != 1.0 else None
-        self.eos = torch.tensor(eos, dtype=torch.long, device=self.dev) if eos else None
-        self.ends_early = self.eos is not None or self.stop is not None
-        self.stop_check_every = stop_check_every if self.ends_early else 0
-        self.generator: torch.Generator | None = None
-        params = _forward_parameters(model)
-        self.cache_position = "cache_position" in params  # transformers 4.x static caches need it
-        self.logits_to_keep = "logits_to_keep" in params
-
-    def run(
-        self, prompts: list[list[int]], bucket: int, budget: int, new: int, *, check_stops: bool = True
-    ) -> tuple[list[list[int]], list[bool]]:
-        """Generate up to `new` tokens for `prompts` (all at most `bucket` long) with a cache of
-        ``bucket + budget`` positions; returns each prompt's tokens and whether it ended early."""
-        rows = self.max_rows if self.xla else min(_row_count(len(prompts)), self.max_rows)
-        cache_len = bucket + budget
-        input_ids, mask = self._left_padded(prompts, rows, bucket, cache_len)
-        positions = (mask[:, :bucket].cumsum(-1) - 1).clamp(min=0)  # as model.generate numbers them
-        window = self.stop.start(input_ids, mask[:, :bucket], self.dev) if self.stop is not None else None
-        input_ids, mask = input_ids.to(self.dev), mask.to(self.dev)
-        cache = static_cache(self.model, cache_len)
-        extra: dict[str, Any] = {}
-        if self.cache_position:
-            extra["cache_position"] = torch.arange(bucket, device=self.dev)
-        prefill_extra = dict(extra, logits_to_keep=1) if self.logits_to_keep else extra
-        logits = self._forward(input_ids, mask, positions.to(self.dev), cache, prefill_extra)
-        state = _Rows(
-            out=torch.zeros((rows, budget), dtype=torch.long, device=self.dev),
-            step=torch.zeros((1,), dtype=torch.long, device=self.dev),
-            done=torch.zeros((rows,), dtype=torch.bool, device=self.dev),
-            lengths=torch.zeros((rows,), dtype=torch.long, device=self.dev),
-            window=window,
-            seen=self.penalty.start(input_ids, mask[:, :bucket], logits.shape[-1]) if self.penalty else None,
-        )
-        # inside the prefill graph, so every decode step reads device data of the same shapes
-        pos = positions[:, -1:].to(self.dev).clone()
-        cache_pos = extra["cache_position"][-1:].clone() if self.cache_position else None
-        token = self._record(self._pick(logits, state), state)
-        self._sync()
-        for i in range(1, new):
-            due = check_stops and self.stop_check_every and i % self.stop_check_every == 0
-            if due and bool(state.all_done.cpu()):  # the one host read while decoding
-                break
-            pos = pos + 1
-            if cache_pos is not None:
-                cache_pos = cache_pos + 1
-                extra["cache_position"] = cache_pos
-            logits = self._forward(token[:, None], mask, pos, cache, extra)
-            token = self._record(self._pick(logits, state), state)
-            self._sync()
-        return self._read(state, len(prompts), new)
-
-    def _left_padded(
-        self, prompts: list[list[int]], rows: int, bucket: int, cache_len: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(input ids [rows, bucket], attention mask [rows, cache_len]) on the host: each prompt
-        left-padded to `bucket`, filler rows repeating the first prompt, the mask 0 on padding only."""
-        input_ids = torch.full((rows, bucket), self.pad, dtype=torch.long)
-        mask = torch.ones((rows, cache_len), dtype=torch.long)
-        for r, p in enumerate(prompts + [prompts[0]] * (rows - len(prompts))):
-            input_ids[r, bucket - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[r, : bucket - len(p)] = 0
-        return input_ids, mask
-
-    def prewarm(self, bucket: int, budget: int) -> None:
-        """Run one batch of dummy prompts in `bucket` through every program a call can reach."""
-        layers = static_cache(self.model, bucket + budget).layers
-        windows = [int(layer.max_cache_len) for layer in layers if getattr(layer, "is_sliding", False)]
-        steps = _prewarm_steps(windows, bucket, budget)
-        self.run([[self.pad] * bucket], bucket, budget, steps + 1, check_stops=False)
-
-    def _forward(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any, extra: dict
-    ) -> torch.Tensor:
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,  # the models are built with use_cache=False for training
-            **extra,
-        )
-        return out.logits[:, -1, :].float()
-
-    def _pick(self, logits: torch.Tensor, state: _Rows) -> torch.Tensor:
-        """Each row's next token from `logits`: penalised, then greedy or sampled (device tensors only)."""
-        if state.seen is not None:  # before temperature and top-k, as model.generate orders them
-            logits = self.penalty.apply(logits, state.seen)
-        if self.temperature > 0:
-            logits = logits / self.temperature
-            if self.top_k is not None and self.top_k < logits.shape[-1]:
-                kth = torch.topk(logits, self.top_k, dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            # Gumbel-max: argmax(logits + Gumbel noise) is a sample of softmax(logits)
-            u = torch.rand(logits.shape, device=self.dev, generator=self.generator)
-            logits = logits - torch.log(-torch.log(u.clamp(min=torch.finfo(u.dtype).tiny)))
-        return logits.argmax(dim=-1)
-
-    def _record(self, token: torch.Tensor, state: _Rows) -> torch.Tensor:
-        """Write `token` into `state` (the pad id for rows already ended, as model.generate pads them)
-        and advance the rows' ends, window and seen ids; returns the token each row feeds back."""
-        if self.ends_early:
-            token = torch.where(state.done, torch.full_like(token, self.pad), token)
-            state.lengths = state.lengths + (~state.done).long()  # the token that ends a row counts
-            ended = torch.zeros_like(state.done)
-            if self.eos is not None:
-                ended = (token[:, None] == self.eos[None, :]).any(dim=-1)
-            if self.stop is not None:
-                state.window, matched = self.stop.advance(state.window, token)
-                ended = ended | matched
-            state.done = state.done | ended
-            state.all_done = state.done.all()
-        if state.seen is not None:
-            state.seen = self.penalty.observe(state.seen, token)
-        state.out.index_copy_(1, state.step, token[:, None])
-        state.step.add_(1)
-        return token
-
-    def _read(self, state: _Rows, prompts: int, new: int) -> tuple[list[list[int]], list[bool]]:
-        """Each real row's tokens (cut after the token that ended it) and whether it ended: one transfer."""
-        if not self.ends_early:
-            (out,) = self._to_host([state.out])
-            return out[:prompts, :new].tolist(), [False] * prompts
-        out, lengths, done = self._to_host([state.out, state.lengths, state.done])
-        rows = range(prompts)
-        return [out[r, : int(lengths[r])].tolist() for r in rows], [bool(done[r]) for r in rows]
-
-    def _to_host(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return runtime.to_cpu(tensors) if self.xla else [t.cpu() for t in tensors]
-
-    def _sync(self) -> None:
-        if self.xla:
-            runtime.sync()
+RowSharding = Callable[[torch.Tensor], torch.Tensor]
+"""Puts one host tensor whose dim 0 is the rows on the device, split as the caller wants (under SPMD
+e.g. ``lambda t: shard_batch({"t": t}, mesh)["t"]``, rows over data x fsdp)."""
 
 
-def static_cache(model: Any, max_cache_len: int) -> Any:
-    """transformers' `StaticCache` for `model`: full layers of `max_cache_len` positions, sliding-window
-    layers of their window (`StaticSlidingWindowLayer`). A config the static cache cannot lay out
-    raises a ValueError naming the family and what to change, rather than failing on the device."""
-    import transformers as tf
+def sample_rollout(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    eos_token_id: int | Sequence[int] | None,
+    pad_token_id: int,
+    seed: int = 0,
+    row_sharding: RowSharding | None = None,
+) -> DeviceRollout:
+    """Sample one completion per row of `input_ids` [rows, P] (host, left-padded, `attention_mask`
+    0 on the padding) on the model's device, and return them as a `DeviceRollout`.
 
-    config = model.config
-    try:
-        return tf.StaticCache(config=config, max_cache_len=max_cache_len)
-    except (KeyError, ValueError, TypeError, AttributeError) as err:
-        family = getattr(config, "model_type", type(config).__name__)
-        layers = sorted(set(getattr(config, "layer_types", None) or []))
+    Exactly `max_new_tokens` tokens are chosen (the prefill's and ``max_new_tokens - 1`` decode
+    steps), with no host read (no early stop: a row that ended on `eos_token_id` gets the pad id
+    after it); the only transfers are the inputs going to the device.
+    The rows are fixed by the caller, so on XLA the programs are one prefill, one decode step and
+    one that lays out the result per prompt length ``P`` (plus a sliding window's edges, module
+    docstring). `temperature` 0 is greedy; above 0 samples from the device RNG seeded by `seed`
+    (restored afterwards), after `top_k` and `top_p` (transformers' order and semantics).
+    `row_sharding` places each input tensor (default: ``.to(device)``); the KV cache and outputs
+    follow the inputs' sharding by propagation.
+    """
+    options = _rollout_options(
+        model,
+        input_ids,
+        attention_mask,
+        max_new_tokens,
+        temperature,
+        top_p,
+        top_k,
+        eos_token_id,
+        pad_token_id,
+    )
+    decoder = Decoder(model, None, int(input_ids.shape[0]), 0, **options)
+    with inference(model), seeded(decoder, seed):
+        return _rollout(decoder, input_ids, attention_mask, max_new_tokens, max_new_tokens, row_sharding)
+
+
+def prewarm_rollout(
+    model: Any,
+    *,
+    buckets: Any,
+    rows: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int | None = None,
+    eos_token_id: int | Sequence[int] | None,
+    pad_token_id: int,
+    row_sharding: RowSharding | None = None,
+) -> int:
+    """Compile, on an XLA device, every program `sample_rollout` runs for `rows` prompts padded to
+    each of `buckets` with these options; returns how many were compiled (0 off XLA). Each bucket
+    decodes only the steps that reach its programs (`prewarm_generation`)."""
+    bounds = _bucket_bounds(buckets)
+    probe = torch.full((rows, bounds[0]), pad_token_id, dtype=torch.long)
+    options = _rollout_options(
+        model,
+        probe,
+        torch.ones_like(probe),
+        max_new_tokens,
+        temperature,
+        top_p,
+        top_k,
+        eos_token_id,
+        pad_token_id,
+    )
+    decoder = Decoder(model, None, rows, 0, **options)
+    if not decoder.xla:
+        return 0
+    before = runtime.compile_count()
+    budget = cache_budget(max_new_tokens)
+    with inference(model), seeded(decoder, 0):
+        for bucket in bounds:
+            ids = torch.full((rows, bucket), pad_token_id, dtype=torch.long)
+            steps = min(max_new_tokens, decoder.prewarm_steps(bucket, budget) + 1)
+            _rollout(decoder, ids, torch.ones_like(ids), max_new_tokens, steps, row_sharding)
+    runtime.wait_device_ops()
+    return runtime.compile_count() - before
+
+
+def read_rollout(rollout: DeviceRollout) -> tuple[list[list[int]], list[bool]]:
+    """(each row's completion tokens up to and including its ending token, whether it ended on an
+    end-of-sequence token), read from the device in one transfer."""
+    ids, lengths, finished = to_host([rollout.completion_ids, rollout.lengths, rollout.finished])
+    return [row[:n] for row, n in zip(ids.tolist(), lengths.tolist())], [bool(f) for f in finished.tolist()]
+
+
+def _rollout_options(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int | None,
+    eos_token_id: Any,
+    pad_token_id: int,
+) -> dict[str, Any]:
+    """The decoder's options for a rollout, the inputs checked (a ValueError naming the bad value)."""
+    if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
         raise ValueError(
-            f"generate: transformers {tf.__version__} cannot build a static KV cache for model family "
-            f"{family!r} (sliding_window={getattr(config, 'sliding_window', None)!r}, "
-            f"layer_types={layers or None}): {err}. Set config.layer_types to 'full_attention'/"
-            "'sliding_attention' entries (and config.sliding_window to the window), or upgrade transformers"
-        ) from err
+            f"input_ids of shape {tuple(input_ids.shape)} is not allowed: must be [rows >= 1, length >= 1]"
+        )
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask of shape {tuple(attention_mask.shape)} is not allowed: must match input_ids "
+            f"{tuple(input_ids.shape)}"
+        )
+    if attention_mask.device.type == "cpu":  # a host tensor: checking it reads no device
+        left_padded = bool((attention_mask[:, 1:] >= attention_mask[:, :-1]).all()) and bool(
+            attention_mask[:, -1].all()
+        )
+        if not left_padded:
+            raise ValueError(
+                "attention_mask is not allowed: every row must be left-padded (0s, then at least one 1)"
+            )
+    return resolve_options(
+        model,
+        None,
+        max_new_tokens=max_new_tokens,
+        max_batch_size=int(input_ids.shape[0]),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        stop=None,
+        repetition_penalty=1.0,
+    )
+
+
+def _rollout(
+    decoder: Decoder,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    steps: int,
+    row_sharding: RowSharding | None,
+) -> DeviceRollout:
+    """`steps` decode steps of a `max_new_tokens` rollout, laid out as a `DeviceRollout` and synced."""
+    place = row_sharding or (lambda t: t.to(decoder.dev))
+    rows, prompt_len = input_ids.shape
+    budget = cache_budget(max_new_tokens)
+    prompt_mask = attention_mask.long()
+    cache_mask = torch.cat([prompt_mask, prompt_mask.new_ones((rows, budget))], dim=1)
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # as model.generate numbers them
+    ids_dev, mask_dev = place(input_ids.long()), place(cache_mask)
+    state = decoder.decode(
+        ids_dev, mask_dev, place(positions), budget, steps, check_stops=False, keep_logps=True
+    )
+    columns = torch.arange(budget, device=decoder.dev)
+    completion_mask = (columns[None, :] < state.lengths[:, None]).long()
+    full_mask = torch.cat([mask_dev[:, :prompt_len], completion_mask], dim=1)
+    rollout = DeviceRollout(
+        sequences=torch.cat([ids_dev, state.out], dim=1),
+        attention_mask=full_mask,
+        position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0),
+        completion_ids=state.out,
+        completion_mask=completion_mask.float(),
+        logps=state.logps,
+        lengths=state.lengths,
+        finished=state.done,
+    )
+    if decoder.xla:
+        runtime.sync()  # the layout as its own small program, so the caller's next graph starts clean
+    return rollout
 
 
 # ---- helpers -------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _inference(model: Any) -> Iterator[None]:
-    """The model in eval mode without gradients, its training mode restored afterwards."""
-    was_training = getattr(model, "training", False)
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
-@contextlib.contextmanager
-def _seeded(decoder: _Decoder, seed: int) -> Iterator[None]:
-    """Sampling seeded by `seed`: on XLA the device RNG, restored afterwards; elsewhere a generator."""
-    if decoder.temperature <= 0:
-        yield
-        return
-    if not decoder.xla:
-        decoder.generator = torch.Generator(device=decoder.dev).manual_seed(seed)
-        yield
-        return
-    before = runtime.rng_state()
-    runtime.set_rng_state(seed)
-    try:
-        yield
-    finally:
-        runtime.set_rng_state(before)
-
-
-def _model_device(model: Any) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
-def _forward_parameters(model: Any) -> set[str]:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT wrapper
-    try:
-        return set(inspect.signature(base.forward).parameters)
-    except (TypeError, ValueError):
-        return set()
 
 
 def _bucket(length: int, buckets: Any) -> int:
@@ -495,27 +493,6 @@ def _bucket_bounds(buckets: Any) -> list[int]:
     return bounds
 
 
-def _cache_budget(max_new_tokens: int) -> int:
-    """Cache positions for the new tokens: `max_new_tokens` rounded up to `CACHE_MULTIPLE`."""
-    return -(-max_new_tokens // CACHE_MULTIPLE) * CACHE_MULTIPLE
-
-
-def _prewarm_steps(windows: list[int], bucket: int, budget: int) -> int:
-    """Decode steps that reach every decode program a call in `bucket` can run (module docstring).
-
-    Decode step i runs with ``bucket + i - 1`` positions cached. Full attention gives one program
-    from the first step on; run two. A sliding window of W gives its own programs at W cached
-    positions (it turns full: kv offset 1, a constant to torch_xla), W + 1 (the sliding steps),
-    2W - 1 (offset W, measured) and 2W; run through the step after each one a call can reach, and
-    never past a call's own last step (``budget - 1``).
-    """
-    last = bucket + budget - 2  # positions cached at the last decode step of a call
-    reach = [bucket + 1]
-    for w in windows:
-        reach += [edge + 1 for edge in (w, w + 1, 2 * w - 1, 2 * w) if bucket <= edge <= last]
-    return max(1, min(budget - 1, max(reach) - bucket + 1))
-
-
 def _batches(sizes: list[int], max_rows: int) -> list[tuple[int, list[int]]]:
     """(bucket, prompt indices) per batch: prompts grouped by bucket (smallest first), `max_rows` at a time."""
     groups: dict[int, list[int]] = {}
@@ -526,8 +503,3 @@ def _batches(sizes: list[int], max_rows: int) -> list[tuple[int, list[int]]]:
         for bucket in sorted(groups)
         for first in range(0, len(groups[bucket]), max_rows)
     ]
-
-
-def _row_count(rows: int) -> int:
-    """Rows off XLA: the prompt count rounded up to a power of two (few batch shapes, few filler rows)."""
-    return 1 << (rows - 1).bit_length()

@@ -58,6 +58,7 @@ def resolve_options(
     pad_token_id: int | None,
     stop: str | Sequence[str] | None,
     repetition_penalty: float,
+    top_p: float = 1.0,
 ) -> dict[str, Any]:
     """The decoder's options, checked (a ValueError naming the bad value) and resolved as ``model.generate``
     resolves them: end-of-sequence ids, the pad id, the stop strings, the penalty."""
@@ -69,12 +70,15 @@ def resolve_options(
         raise ValueError(f"temperature={temperature!r} is not allowed: 0 (greedy) or more")
     if top_k is not None and top_k < 1:
         raise ValueError(f"top_k={top_k!r} is not allowed: None or >= 1")
+    if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p!r} is not allowed: must be a number in (0, 1] (1.0 is off)")
     eos = eos_ids(model, tokenizer, eos_token_id)
     return {
         "eos": eos,
         "pad": pad_id(model, tokenizer, pad_token_id, eos),
         "temperature": temperature,
         "top_k": top_k,
+        "top_p": float(top_p),
         "stop": stop_string_list(stop, tokenizer),
         "repetition_penalty": check_repetition_penalty(repetition_penalty),
     }

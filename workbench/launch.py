@@ -83,7 +83,24 @@ def check_launch(nproc: int, cfg: Any) -> None:
     from workbench.train.ranks import check_global_batch
 
     if cfg is not None:
+        refuse_what_torchtpu_cannot_run(cfg)
         check_global_batch(cfg, rank_mesh(cfg.mesh, nproc))
+
+
+def refuse_what_torchtpu_cannot_run(cfg: Any) -> None:
+    """On a host whose ranks would run on TorchTPU, its own refusals (``mesh.model > 1``, torch_xla beside
+    it) before `rank_mesh`'s, which speak of GPUs and CPU ranks. Reads only what is installed: the
+    launcher never imports TorchTPU, whose ranks are about to claim the chips."""
+    from workbench.backend import routing
+    from workbench.backend.hardware import machine_facts
+    from workbench.backend.torchtpu.plan import refuse_unsupported_mesh
+
+    try:
+        route = routing.choose(cfg.train.device_type, machine_facts())
+    except routing.BackendConflictError as err:
+        raise ValueError(str(err)) from None
+    if route.backend == "torchtpu":
+        refuse_unsupported_mesh(cfg.mesh)
 
 
 def launch(nproc: int, argv: Sequence[str], cfg: Any = None) -> int:

@@ -240,8 +240,12 @@ def run_summary(trainer: Any, result: Any, resume_step: int | None = None, saved
     last = result.history[-1] if result.history else {}
     if last.get("reward_accuracy") is not None:  # preference tuning: the log step's rewards
         rows.append(("rewards", _rewards(last["reward_accuracy"], last["reward_margin"])))
+    if last.get("reward_mean") is not None:  # GRPO: the log step's sampled rewards
+        rows.append(("rewards", f"mean {last['reward_mean']:.3f} over the last interval's completions"))
     stats = getattr(result.eval_loss, "stats", None)
-    if stats:
+    if stats and "reward_mean" in stats:  # GRPO: greedy completions of the eval prompts, scored
+        rows.append(("eval reward", f"{stats['reward_mean']:.3f} (greedy completions of the eval prompts)"))
+    elif stats:
         rows.append(
             (
                 "eval loss",

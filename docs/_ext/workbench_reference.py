@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 DOCS = Path(__file__).resolve().parent.parent
 REPO = DOCS.parent
@@ -166,7 +166,6 @@ def cli_markdown() -> str:
 def metrics_markdown() -> str:
     """The metrics page: every key a callback receives, its type and meaning, and who fills it."""
     from workbench.analysis import metrics
-    from workbench.config_parse import describe_type
     from workbench.config_reference import attribute_docs
 
     interval_hints = get_type_hints(metrics.IntervalMetrics)
@@ -183,7 +182,8 @@ def metrics_markdown() -> str:
         f"{len(run_hints)} keys at every log step (`train.log_every`); `python -m workbench train "
         "--metrics-out FILE` writes their history as JSON. Values that cannot be known on this "
         "hardware are null, never guessed. The keys only preference tuning fills "
-        f"({', '.join(f'`{k}`' for k in metrics.PREFERENCE_KEYS)}) are null in any other run.",
+        f"({', '.join(f'`{k}`' for k in metrics.PREFERENCE_KEYS)}) are null in any other run, and so are "
+        f"the keys only GRPO fills ({', '.join(f'`{k}`' for k in metrics.GRPO_KEYS)}).",
         "",
     ]
     for title, cls, keys, filled in (
@@ -193,9 +193,21 @@ def metrics_markdown() -> str:
         hints = interval_hints if cls == "IntervalMetrics" else run_hints
         lines += [f"## {title}: `{cls}`", "", f"{len(keys)} keys; {filled}.", ""]
         lines += ["| key | type | what it is |", "|---|---|---|"]
-        lines += [f"| `{k}` | {_cell(describe_type(hints[k]))} | {_cell(docs.get(k, ''))} |" for k in keys]
+        lines += [f"| `{k}` | {_cell(_metric_type(hints[k]))} | {_cell(docs.get(k, ''))} |" for k in keys]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _metric_type(hint: Any) -> str:
+    """A metric's type in words: a config type's words (`describe_type`), a mapping by its own."""
+    from workbench.config_parse import describe_type
+
+    options = [o for o in get_args(hint) if o is not type(None)] or [hint]
+    if get_origin(options[0]) is dict:  # a name -> value mapping (GRPO's rewards by function)
+        key, item = get_args(options[0])
+        values = " or ".join("null" if a is type(None) else a.__name__ for a in get_args(item) or (item,))
+        return f"a mapping of {key.__name__} to ({values})" + (", or null" if len(get_args(hint)) > 1 else "")
+    return describe_type(hint)
 
 
 # ---- writing the pages ---------------------------------------------------------------------------

@@ -64,7 +64,8 @@ fp32 tensors counted here per token (the fourth feeds the head's own gradient), 
 LoRA rows on XLA:CPU come out high by up to a quarter of the logits term.
 
 The model's shape comes from the family registry (`model_shape`, `workbench.analysis.shape`,
-re-exported here); the largest batch that fits is `workbench.analysis.batch`'s question.
+re-exported here); the largest batch that fits is `workbench.analysis.batch`'s question. A GRPO step
+(``rollout=``) trains rows of prompt + completion after a rollout: `workbench.analysis.rollout_memory`.
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# `estimate`'s arguments from a run's config: their own module's, importable from here as before
+from workbench.analysis.config_estimate import config_settings as config_settings
+from workbench.analysis.config_estimate import preference_reference as preference_reference
+from workbench.analysis.rollout_memory import (
+    ROLLOUT_MEANINGS,
+    RolloutPlan,
+    grpo_input_bytes,
+    grpo_logits_bytes,
+    rollout_memory,
+)
 from workbench.analysis.shape import ModelShape, model_shape, quantized_matrices
 from workbench.config import ModelConfig
 from workbench.models.lm_head import logits_bytes, loss_chunk_length
@@ -103,41 +114,12 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
     "grad_accum_buffer",
     "dequant",
     "reference",
+    *ROLLOUT_MEANINGS,
 )
 """Every key of `MemoryEstimate.breakdown`, in display order."""
 
 PREFERENCE_REFERENCES = ("adapters_off", "copy", "precompute")
 """How a DPO run gets its reference log-probs (``train.dpo_reference`` resolved; `preference_reference`)."""
-
-
-def preference_reference(cfg: Any) -> str | None:
-    """The reference a `WorkbenchConfig` plans for under ``train.objective: dpo`` (None otherwise):
-    'auto' is 'adapters_off' under LoRA, 'copy' without (a run continuing trained adapters
-    precomputes instead, which needs less: the estimate stays on the safe side)."""
-    train = cfg.train
-    if train.objective != "dpo":
-        return None
-    if train.dpo_reference != "auto":
-        return str(train.dpo_reference)
-    return "adapters_off" if cfg.lora.rank else "copy"
-
-
-def config_settings(cfg: Any) -> dict[str, Any]:
-    """`estimate`'s arguments as a `WorkbenchConfig` sets them (optimizer, precision, checkpointing,
-    accumulation, LoRA, quantization, loss chunks, the DPO reference); the batch, the length, the mesh,
-    the device's memory and the attention kernel its hardware runs are the caller's."""
-    train = cfg.train
-    return dict(
-        optimizer=train.optimizer,
-        precision=train.precision,
-        gradient_checkpointing=train.gradient_checkpointing,
-        grad_accum=train.grad_accum,
-        lora_rank=cfg.lora.rank,
-        lora_targets=cfg.lora.target_modules,
-        quantize=cfg.model.quantize,
-        loss_chunk_tokens=train.loss_chunk_tokens,
-        preference=preference_reference(cfg),
-    )
 
 
 BREAKDOWN_MEANINGS: dict[str, str] = {
@@ -152,6 +134,7 @@ BREAKDOWN_MEANINGS: dict[str, str] = {
     "grad_accum_buffer": "the running gradient sum under gradient accumulation",
     "dequant": "the largest int4 weight dequantized to the compute precision for its matmul (an int4 head under a chunked loss: two copies)",
     "reference": "DPO's frozen reference copy of the starting weights, in the parameter precision",
+    **ROLLOUT_MEANINGS,
 }
 """What each breakdown part holds, for legends and tables."""
 
@@ -273,6 +256,8 @@ class MemoryEstimate:
     checkpointed), one query block's under 'chunked', none under 'flash'/'sdpa'."""
     eager_scores_bytes: int = 0
     """What the scores would hold under 'eager', for comparison."""
+    rollout: Any = None
+    """A GRPO step's rollout, whole (`workbench.analysis.rollout_memory.RolloutMemory`); None: no rollout."""
 
     def fits(self, memory_bytes: int | None, headroom: float = 0.1) -> bool:
         """True when the estimate stays under `memory_bytes` less a `headroom` fraction (XLA's own
@@ -405,6 +390,7 @@ def estimate(
     loss_chunk_tokens: int | str = "auto",
     memory_bytes: int | None = None,
     preference: str | None = None,
+    rollout: RolloutPlan | None = None,
 ) -> MemoryEstimate:
     """Per-device peak memory of one training step (forward, backward, optimizer update).
 
@@ -433,6 +419,9 @@ def estimate(
     and backward passes; 'copy' adds the frozen reference's weights in the parameter precision. The
     reference's own forward runs without gradients before the policy's and keeps nothing for the
     backward pass, so it adds nothing at the step's peak.
+    `rollout` (GRPO, `workbench.analysis.rollout_memory`): `batch_size` counts prompts and `seq_len` is the
+    prompt's length; each prompt's G completions train as rows of prompt + completion budget (the
+    estimate's ``seq_len``), after a rollout whose KV cache and sampler buffers the step's peak covers.
     """
     if preference is not None and preference not in PREFERENCE_REFERENCES:
         raise ValueError(
@@ -458,6 +447,8 @@ def estimate(
     mp = sizes["model"]
     per_device_batch = batch_size // dp
     rows = per_device_batch * (2 if preference is not None else 1)  # a pair is two rows
+    prompt_length, rows = seq_len, rows * (rollout.num_generations if rollout is not None else 1)
+    seq_len += rollout.completion_positions if rollout is not None else 0  # GRPO: prompt + completion rows
     tokens = rows * seq_len
     n = shape.num_parameters
 
@@ -510,6 +501,7 @@ def estimate(
         memory_bytes=memory_bytes,
         model_parallel=mp,
     )
+    chunk = None if rollout is not None else chunk  # GRPO's objective takes every position's logits at once
     if quantize == "int4" and qmats:
         # blockwise int4 is dequantized to the compute dtype right before its matmul, one layer's
         # weight at a time (again in the backward pass, never saved between them): the largest one.
@@ -536,6 +528,8 @@ def estimate(
     # freed: the peak holds the larger of the two (measured on XLA:CPU at 2048 and 4096 tokens,
     # tests/xla/attention_estimate.py), so only their excess over the logits term is added
     logits = logits_bytes(rows=rows, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp)
+    if rollout is not None:
+        logits = grpo_logits_bytes(rows, seq_len, rollout.completion_positions, shape.vocab, mp)
     transient = math.ceil(tokens * act["attention_transient"] * 4)
     scores_bytes = math.ceil(tokens * scores * score_bytes) + transient
     eager = ModelShape(**{**shape.__dict__, "attention": "eager"})
@@ -554,6 +548,21 @@ def estimate(
     if preference == "copy":  # the frozen reference: the starting weights again, as the policy holds them
         breakdown["reference"] = math.ceil((plain * nbytes.param + q_bytes) / shard)
     breakdown["inputs"] = tokens * 2 * 8  # input_ids and labels, int64
+    grpo = None
+    if rollout is not None:
+        transient = breakdown["activations"] + breakdown["logits"]
+        grpo, parts = rollout_memory(
+            model_config,
+            shape,
+            rollout,
+            rows=rows,
+            prompt_length=prompt_length,
+            param_bytes=nbytes.param,
+            compute_bytes=nbytes.compute,
+            model_parallel=mp,
+            training_transient_bytes=transient,
+        )
+        breakdown.update(parts, inputs=grpo_input_bytes(rows, prompt_length, rollout.completion_positions))
 
     return MemoryEstimate(
         total_bytes=int(sum(breakdown.values())),
@@ -576,6 +585,7 @@ def estimate(
         preference=preference,
         scores_bytes=scores_bytes,
         eager_scores_bytes=eager_scores_bytes,
+        rollout=grpo,
     )
 
 

@@ -38,11 +38,11 @@ class IntervalMetrics(TypedDict):
     mfu: float | None
     """Model FLOPs utilisation: achieved training FLOPs over the devices' peak (`workbench.analysis.flops`); None where the peak is unknown."""
     compiles: int
-    """Programs compiled during the interval."""
+    """Programs compiled during the interval (off XLA: a compiled native step's torch.compile graphs, `train.compile`)."""
     compile_time_s: float
     """Seconds spent compiling during the interval."""
     total_compiles: int
-    """Programs compiled in this process so far, warm-up included (torch_xla's counter; 0 off XLA)."""
+    """Programs compiled in this process so far, warm-up included (torch_xla's counter; off XLA the compiled native step's graphs, 0 for an eager step)."""
     recompiled: bool
     """A compile after warm-up happened in the interval."""
     transfers: int
@@ -95,13 +95,24 @@ class IntervalMetrics(TypedDict):
     """Preference tuning: `chosen_logp` over the held-out pairs, when an eval ran in the interval."""
     eval_rejected_logp: float | None
     """Preference tuning: `rejected_logp` over the held-out pairs, when an eval ran in the interval."""
+    clip_ratio: float | None
+    """GRPO (``train.objective: grpo``): the log step's share of completion tokens whose importance
+    ratio the clip held (TRL's region-clipped share: below ``1 - epsilon`` with a negative advantage
+    or above ``1 + epsilon_high`` with a positive one); always 0 while ``grpo.num_iterations`` is 1
+    (the ratio is then 1); None outside GRPO."""
+    kl: float | None
+    """GRPO: the log step's mean per-token KL of the policy from the reference (the adapters switched
+    off; TRL's k3 estimator) over the completion tokens; None when ``grpo.beta`` is 0 and outside GRPO."""
+    eval_reward_mean: float | None
+    """GRPO: mean total reward of greedy completions of the held-out prompts, scored by the run's
+    reward functions, when an eval ran in the interval; None otherwise."""
 
 
 class RunMetrics(IntervalMetrics):
     """What `Trainer.fit` hands to callbacks: the interval plus the loop's position and batch layout."""
 
     warmup_compiles: int
-    """Programs compiled by the warm-up before the first step."""
+    """Programs compiled by the warm-up before the first step (XLA's, or a compiled native step's graphs)."""
     batch_size: int
     """Sequences in one loaded batch, all devices together (`train.batch_size`, or what dynamic growth made it); an optimizer step takes `train.grad_accum` of them."""
     micro_batch: int
@@ -116,6 +127,35 @@ class RunMetrics(IntervalMetrics):
     checkpoint_stall_s: float | None
     """Seconds the last checkpoint save held the training loop (with ``train.async_checkpoint``: the
     copy to the host only); None before the first save."""
+    reward_mean: float | None
+    """GRPO (``train.objective: grpo``): mean total reward (the weighted sum of the reward functions)
+    of the interval's sampled completions, averaged over its rollouts; None outside GRPO."""
+    reward_std: float | None
+    """GRPO: the spread of the completions' total rewards within their group (a prompt's completions):
+    the mean over a rollout's groups of each group's standard deviation (TRL's ``reward_std``), averaged
+    over the interval's rollouts."""
+    rewards: dict[str, float | None] | None
+    """GRPO: each reward function's mean over the interval's completions, by its name (TRL's
+    ``rewards/<name>/mean``; the dashboard's traces are named ``reward/<name>``); a function that
+    skipped (None) every completion is None."""
+    completion_length: float | None
+    """GRPO: mean tokens per sampled completion (its ending token included) over the interval."""
+    zero_std_groups: float | None
+    """GRPO: share of the interval's groups (a prompt's ``grpo.num_generations`` completions) whose
+    rewards were all equal, so their advantages are 0 and they teach nothing (TRL's
+    ``frac_reward_zero_std``)."""
+    rollout_s: float | None
+    """GRPO: seconds per optimizer step spent in rollouts (sampling on the device, the one read of the
+    completions, rewards, advantages and their write); with ``grpo.num_iterations`` above 1 a rollout
+    is shared by that many steps."""
+    train_s: float | None
+    """GRPO: seconds per optimizer step spent in the training step itself, outside the rollout."""
+    rollout_tokens_per_s: float | None
+    """GRPO: completion tokens sampled per second of rollout time over the interval (filler tokens
+    after a completion's end not counted)."""
+    expected_transfers: int | None
+    """GRPO: the interval's device-to-host reads made by design (each rollout's one read of its
+    completions, each eval batch's); the profiler's host-transfer advice counts only the rest."""
 
 
 INTERVAL_KEYS: tuple[str, ...] = tuple(get_type_hints(IntervalMetrics))
@@ -132,6 +172,29 @@ PREFERENCE_KEYS: tuple[str, ...] = (
     "eval_rejected_logp",
 )
 """The interval keys only preference tuning fills (None in any other run)."""
+
+GRPO_KEYS: tuple[str, ...] = (
+    "reward_mean",
+    "reward_std",
+    "rewards",
+    "completion_length",
+    "clip_ratio",
+    "kl",
+    "zero_std_groups",
+    "rollout_s",
+    "train_s",
+    "rollout_tokens_per_s",
+    "expected_transfers",
+    "eval_reward_mean",
+)
+"""The keys only GRPO fills (None in any other run)."""
+
+OBJECTIVE_KEYS: tuple[str, ...] = (*PREFERENCE_KEYS, "clip_ratio", "kl", "eval_reward_mean")
+"""The interval keys an objective's own figures fill (its ``stats`` sums, read at the log step, and
+its eval's, as ``eval_<name>``); `StepProfiler` sets the rest of them to None."""
+
+ROLLOUT_KEYS: tuple[str, ...] = tuple(k for k in GRPO_KEYS if k not in OBJECTIVE_KEYS)
+"""The run keys a GRPO run's rollouts fill (`workbench.rl.metrics.rollout_metrics`); None elsewhere."""
 
 METRIC_KEYS: tuple[str, ...] = tuple(get_type_hints(RunMetrics))
 """Every key of a callback's metrics dict: the interval's, then the run's."""

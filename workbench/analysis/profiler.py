@@ -8,16 +8,14 @@ forces no device sync; at the log interval it reads the loss once (one device->h
 It keeps the history (JSON/CSV export) and turns what it saw into `Advice`: recompilation
 after warm-up, a device->host transfer every step, low MFU, memory near the limit, steps
 waiting on input, and on a mesh of several devices the communication of a step: its collectives
-predicted once from shapes (`run_communication`: `workbench.analysis.comm_model`, no compile, no
-device read), in bytes per device and, on a chip with a published interconnect bandwidth, time and
-share of the step (`workbench.analysis.communication.communication_advice`).
+predicted once from shapes (`workbench.analysis.advice`: `Advice` and the communication finding).
 
 Each recompilation is explained (`workbench.analysis.recompiles`): the step's input signature
 (`step(..., inputs=batch)`: shapes and dtypes from tensor metadata, never the device) is
 diffed against those of the programs already compiled, and the Python frame that triggered
 the compile is read from torch_xla's compile log (`workbench.backend.compile_log`, on when
-``PT_XLA_DEBUG_LEVEL>=1`` and ``PT_XLA_DEBUG_FILE`` are set before the first compile; the
-`Trainer` switches it on). The log is read only at a step whose compile counter rose.
+``PT_XLA_DEBUG_LEVEL>=1`` and ``PT_XLA_DEBUG_FILE`` are set before the first compile; the `Trainer`
+switches it on), off XLA from torch.compile's (`workbench.backend.dynamo_compiles`), only when a counter rose.
 """
 
 from __future__ import annotations
@@ -25,41 +23,22 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.analysis.communication import CommunicationReport, communication_advice
+from workbench.analysis.advice import Advice, communication_finding
+from workbench.analysis.communication import CommunicationReport
 from workbench.analysis.flops import mfu
-from workbench.analysis.metrics import INTERVAL_KEYS, PREFERENCE_KEYS, IntervalMetrics, perplexity
+from workbench.analysis.metrics import INTERVAL_KEYS, OBJECTIVE_KEYS, IntervalMetrics, perplexity
 from workbench.analysis.recompiles import RecompileTracker, input_signatures
-from workbench.backend import compile_log, runtime
-from workbench.backend.hardware import CHIPS
-from workbench.backend.targets import resolve_target
-from workbench.units import format_bytes
+from workbench.backend import compile_log, dynamo_compiles, runtime
 
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo
-
-
-# ---- advice -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Advice:
-    """One finding from the profile, with what to do about it."""
-
-    kind: str
-    """recompilation | host_transfer | low_mfu | memory_near_limit | input_bound | communication"""
-    message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return f"[{self.kind}] {self.message}"
 
 
 # ---- the step profiler -------------------------------------------------------------------
@@ -134,14 +113,14 @@ class StepProfiler:
         self._start = time.perf_counter()
         self.recompiles = RecompileTracker()
         """The input signatures seen and each recompilation with its cause."""
-        self._compile_log = compile_log.CompileLogReader() if self._xla else None
+        self._compile_log: Any = compile_log.CompileLogReader() if self._xla else dynamo_compiles.reader()
         self._program_peak: tuple[tuple[str, int] | None, int | None] = (None, None)
         self._open_interval(self._start, self._counters())
 
     # ---- the clock and counters ----
     def _counters(self) -> tuple[int, float, int]:
         if not self._xla:
-            return 0, 0.0, 0
+            return dynamo_compiles.graphs_compiled(), dynamo_compiles.graph_compile_s(), 0
         return runtime.compile_count(), runtime.compile_time_s(), runtime.transfer_count()
 
     def _open_interval(self, now: float, counters: tuple[int, float, int]) -> None:
@@ -155,9 +134,8 @@ class StepProfiler:
 
     def exclude_compiles(self) -> None:
         """Programs compiled since the last step (e.g. by a checkpoint save) are not the loop's recompilations."""
-        if self._xla:
-            self._last_compiles = runtime.compile_count()
-            self._skip_compile_log()
+        self._last_compiles = self._counters()[0]
+        self._skip_compile_log()
 
     def _skip_compile_log(self) -> None:
         if self._compile_log is not None:
@@ -209,17 +187,16 @@ class StepProfiler:
         self._interval_tokens += int(tokens)
         if input_wait_s:
             self._interval_wait += float(input_wait_s)
-        if self._xla:
-            # host-side counter: which step compiled (recompiles after warm-up are the advice)
-            compiles = runtime.compile_count()
-            signatures = input_signatures(inputs)
-            if compiles > self._last_compiles and self._step > self.warmup_steps:
-                self._explain_recompile(compiles - self._last_compiles, signatures)
-            else:
-                if compiles > self._last_compiles:  # warm-up programs: expected, not explained
-                    self._skip_compile_log()
-                self.recompiles.remember(signatures)
-            self._last_compiles = compiles
+        # host-side counter: which step compiled (recompiles after warm-up are the advice)
+        compiles = self._counters()[0]
+        signatures = input_signatures(inputs)
+        if compiles > self._last_compiles and self._step > self.warmup_steps:
+            self._explain_recompile(compiles - self._last_compiles, signatures)
+        else:
+            if compiles > self._last_compiles:  # warm-up programs: expected, not explained
+                self._skip_compile_log()
+            self.recompiles.remember(signatures)
+        self._last_compiles = compiles
         if log is None:
             log = self._step % self.log_every == 0
         if not log:
@@ -283,8 +260,9 @@ class StepProfiler:
         return metrics
 
     def _objective_figures(self, stats: Any, eval_loss: Any) -> dict[str, float | None]:
-        """The preference figures of the contract: the step's `stats` (one read) and the eval's, else None."""
-        figures: dict[str, float | None] = dict.fromkeys(PREFERENCE_KEYS)
+        """The objective's figures of the contract (DPO's, GRPO's clip ratio and KL): the step's `stats`
+        (one read) and the eval's, else None."""
+        figures: dict[str, float | None] = dict.fromkeys(OBJECTIVE_KEYS)
         if stats is not None and self.stat_names:
             values = stats.detach().cpu().tolist() if hasattr(stats, "detach") else list(stats)
             figures.update((k, float(v)) for k, v in zip(self.stat_names, values) if k in figures)
@@ -346,14 +324,14 @@ class StepProfiler:
                 )
             )
         every_step = [
-            m for m in self.history if m["steps_in_interval"] and m["transfers"] >= m["steps_in_interval"]
+            m for m in self.history if m["steps_in_interval"] and _unplanned(m) >= m["steps_in_interval"]
         ]
         if every_step:
-            worst = max(every_step, key=lambda m: m["transfers"] / m["steps_in_interval"])
+            worst = max(every_step, key=lambda m: _unplanned(m) / m["steps_in_interval"])
             found.append(
                 Advice(
                     "host_transfer",
-                    f"device->host transfers every step ({worst['transfers']} in {worst['steps_in_interval']} "
+                    f"device->host transfers every step ({_unplanned(worst)} in {worst['steps_in_interval']} "
                     f"steps up to step {worst['step']}): a .item(), print() or Python `if` on a tensor in the "
                     "loop stalls it each step. Read values in a step closure (runtime.add_step_closure) or "
                     "let the profiler read the loss at the log interval.",
@@ -460,105 +438,9 @@ class StepProfiler:
         return path
 
 
-# ---- communication --------------------------------------------------------------------
-
-
-def run_communication(model_config: Any, cfg: Any, mesh: Any) -> Callable[[], CommunicationReport] | None:
-    """`StepProfiler(communication=...)` for a run: None off a mesh of several devices, else a function
-    predicting (once, at the first advice) one step's collectives of `model_config` trained as `cfg` (a
-    `WorkbenchConfig`: batch_size x max_length, grad_accum, precision, LoRA rank) on `mesh` (a `MeshSpec`
-    or axis sizes). A model the shape reader does not know gives a report with a note instead."""
-    sizes = dict(getattr(mesh, "axis_sizes", mesh) or {})
-    if math.prod(sizes.values() or [1]) <= 1:
-        return None
-    slices, dcn_axis = getattr(mesh, "num_slices", 1), getattr(mesh, "dcn_axis", "data")
-
-    def predict() -> CommunicationReport:
-        from workbench.analysis.comm_model import predict_communication
-
-        try:
-            report = predict_communication(
-                model_config,
-                sizes,
-                batch_size=cfg.train.batch_size,
-                seq_len=cfg.data.max_length,
-                lora_rank=cfg.lora.rank,
-                grad_accum=cfg.train.grad_accum,
-                precision=cfg.train.precision,
-                scan=cfg.model.scan_layers is True,
-            )
-        except Exception as err:  # advice only: a model it cannot read never stops a run
-            return CommunicationReport([], sizes, "model", notes=[f"not predicted from shapes: {err}"])
-        report.num_slices, report.dcn_axis = slices, dcn_axis  # a multi-slice run's DCN axis
-        return report
-
-    return predict
-
-
-def communication_finding(report: CommunicationReport, hw: HardwareInfo | None) -> list[Advice]:
-    """One 'communication' `Advice` for `report` on `hw`: bytes each device sends per step and axis,
-    `communication_advice`'s sentences, and time and share where the chip's bandwidth is published.
-    On XLA:CPU the gradients' reduce-scatters are spelled as that compiler runs them (an all-reduce
-    of the whole tensor, then a slice), so the advice names what a reduce-scatter saves."""
-    sizes = {a: s for a, s in report.axis_sizes.items() if s > 1}
-    if math.prod(sizes.values() or [1]) <= 1:
-        return []
-    mesh = " x ".join(f"{a}={s}" for a, s in sizes.items())
-    if not report.collectives:
-        note = "; ".join(report.notes) or "no collectives"
-        return [Advice("communication", f"communication on mesh {mesh}: {note}", {"mesh": sizes})]
-    xla_cpu = hw is not None and hw.via_xla and hw.backend == "cpu"
-    if xla_cpu and report.source == "model":
-        report = _as_xla_cpu_compiles(report)
-    target = _priced_target(hw, report.num_slices)
-    per_axis = report.per_axis()
-    parts = []
-    for t in per_axis.values():
-        kinds = ", ".join(
-            f"{k} {format_bytes(v)}" for k, v in sorted(t.by_kind.items(), key=lambda kv: -kv[1])
-        )
-        parts.append(f"{t.axes} {format_bytes(t.tpu_wire_bytes)} ({kinds})")
-    how = "predicted from shapes" if report.source == "model" else "read from the compiled step"
-    how += ", as TPU's XLA compiles it" if xla_cpu else ""
-    sentences = [f"each device sends per step on mesh {mesh} ({how}): {'; '.join(parts)}"]
-    sentences += communication_advice(report, target)
-    evidence: dict[str, Any] = {
-        "mesh": sizes,
-        "wire_bytes_per_axis": {k: t.tpu_wire_bytes for k, t in per_axis.items()},
-        "target": None,
-    }
-    if target is None:
-        chip = "an unknown chip" if hw is None else "the CPU" if hw.backend == "cpu" else hw.chip
-        sentences.append(f"no time: {chip} has no published interconnect bandwidth")
-    else:
-        cost = report.price(target)
-        evidence.update(target=cost.target, seconds_per_axis=cost.seconds_per_axis, share=cost.share)
-        if cost.share is not None and cost.share >= 0.25:
-            sentences.append(
-                "a mesh that moves less may train faster: workbench.analysis.mesh_plan.plan_mesh ranks them"
-            )
-    evidence["sentences"] = sentences
-    return [Advice("communication", ". ".join(s[0].upper() + s[1:] for s in sentences) + ".", evidence)]
-
-
-def _as_xla_cpu_compiles(report: CommunicationReport) -> CommunicationReport:
-    """The predicted report as XLA:CPU compiles it: each reduce-scatter an all-reduce + slice, one record
-    per execution (so `communication_advice` counts the tensors)."""
-    collectives = []
-    for c in report.collectives:
-        if c.kind == "reduce-scatter":
-            collectives += [replace(c, kind="all-reduce", scatter_pattern=True, count=1)] * c.count
-        else:
-            collectives.append(c)
-    return replace(report, collectives=collectives, notes=list(report.notes))
-
-
-def _priced_target(hw: HardwareInfo | None, num_slices: int = 1) -> Any:
-    """The run's chip as a target to price on (its slices joined over DCN), or None (unknown, the
-    CPU, no published bandwidth)."""
-    if hw is None or hw.backend == "cpu" or getattr(CHIPS.get(hw.chip), "collective_bandwidth", None) is None:
-        return None
-    return replace(resolve_target(hw), num_slices=num_slices)
+def _unplanned(metrics: Any) -> int:
+    """An interval's transfers beyond the reads its loop makes by design (a GRPO rollout's)."""
+    return int(metrics["transfers"]) - int(metrics.get("expected_transfers") or 0)
 
 
 def _to_float(value: Any) -> float | None:

@@ -5,7 +5,9 @@ input signature (name -> shape, dtype of every batch tensor, read from tensor me
 host, never from the device) is kept, and a step that compiled is diffed against the closest
 signature of the programs already compiled (the steps before it): which inputs changed shape
 or dtype. The place: torch_xla's own compilation analysis (`workbench.backend.compile_log`)
-lists the Python frames that triggered each compile; the first frame in user or workbench code
+lists the Python frames that triggered each compile (on plain torch, a compiled native step's
+graphs are recorded with the stack and Dynamo's guard-failure reason by
+`workbench.backend.dynamo_compiles`); the first frame in user or workbench code
 (not torch, torch_xla, transformers, the standard library or the runtime seam) is named.
 
 `RecompileTracker` does the bookkeeping for `workbench.analysis.profiler.StepProfiler`; each
@@ -222,14 +224,15 @@ class Recompile:
 
     step: int
     programs: int
-    """Programs compiled at this step (torch_xla's compile counter)."""
+    """Programs compiled at this step (torch_xla's compile counter; torch.compile's graphs on plain torch)."""
     changes: tuple[InputChange, ...] | None
     """Inputs that changed shape or dtype against the closest compiled program; () when none did;
     None when unknown (no inputs given, or no earlier step to compare with)."""
     signatures: tuple[InputSignature, ...]
     """This step's input signatures (empty when no inputs were given)."""
     records: tuple[CompileRecord, ...]
-    """torch_xla's analyses of the programs compiled at this step (empty when the log is off)."""
+    """torch_xla's analyses of the programs compiled at this step (empty when the log is off), or the
+    records of the torch.compile graphs (`workbench.backend.dynamo_compiles`)."""
     log_on: bool
 
     @property
@@ -270,8 +273,9 @@ class Recompile:
                 f"{count}compiled with no frame in torch_xla's compile log (it names none for a compile "
                 "without a Python frame, and writes none off the first local process)"
             )
-        causes = {r.cause for r in self.records if r.cause and SYNC_CAUSE not in r.cause}
-        why = f" (torch_xla: {'; '.join(sorted(causes))})" if causes else ""
+        causes = {(r.compiler, r.cause) for r in self.records if r.cause and SYNC_CAUSE not in r.cause}
+        why = "; ".join(f"{compiler}: {cause}" for compiler, cause in sorted(causes))
+        why = f" ({why})" if why else ""
         return f"{count}compiled at {', '.join(map(frame_text, frames))}{why}"
 
 

@@ -52,7 +52,7 @@ def trace(
     if xla:
         runtime.wait_device_ops()
     per_step = (time.perf_counter() - t0) / max(warmup, 1)
-    if hw is not None and hw.backend == "tpu":  # pragma: no cover - TPU only
+    if hw is not None and hw.backend == "tpu" and hw.via_xla:  # pragma: no cover - torch_xla's TPU profiler
         return _trace_tpu(step_fn, steps, logdir, per_step, port)
     import torch
 

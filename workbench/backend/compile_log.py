@@ -83,6 +83,9 @@ class CompileRecord:
     computation_hash: str | None
     memory: CompiledMemory | None
     """The post-compilation memory analysis; None if torch_xla wrote none (a failed compile)."""
+    compiler: str = "torch_xla"
+    """Who compiled it: 'torch_xla' (this log), or 'dynamo' (a torch.compile graph on plain torch,
+    recorded by `workbench.backend.dynamo_compiles`)."""
 
 
 _POST_COMPILE_FIELDS = (

@@ -1,7 +1,8 @@
 """Hardware detection: which backend runs the work, on how many chips, of what kind.
 
-`detect()` walks an ordered fallback, TPU (through torch_xla) -> CUDA -> XLA on the CPU
-(when ``PJRT_DEVICE=CPU`` asks for it) -> plain CPU, and returns a frozen `HardwareInfo`.
+`detect()` walks an ordered fallback, TPU (through torch_xla; through TorchTPU where torch_xla is not
+installed: `workbench.backend.routing`) -> CUDA -> XLA on the CPU (when ``PJRT_DEVICE=CPU`` asks for
+it) -> plain CPU, and returns a frozen `HardwareInfo`.
 
 What `detect()` initialises: for a TPU or XLA:CPU answer it imports torch_xla and
 starts the PJRT client (the XLA runtime); for CUDA it initialises torch's CUDA context;
@@ -24,7 +25,9 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
-from workbench.backend import runtime
+from workbench.backend import routing, runtime
+from workbench.backend.torchtpu import plan as torchtpu_plan
+from workbench.backend.torchtpu.detect import find_torch_tpu
 from workbench.units import GB, GiB
 
 TFLOPS = 1e12
@@ -194,7 +197,8 @@ class HardwareInfo:
 
     backend: Literal["tpu", "cuda", "cpu"]
     via_xla: bool
-    """True when the torch_xla runtime drives the devices (XLA on the CPU included)."""
+    """True when the torch_xla runtime drives the devices (XLA on the CPU included); a ``tpu`` backend
+    without it is TorchTPU."""
     device_kind: str
     """As the runtime reports it, e.g. 'TPU v5 lite', 'NVIDIA L4', 'CPU'."""
     chip: str
@@ -216,7 +220,7 @@ class HardwareInfo:
 
     @property
     def device_string(self) -> str:
-        """How the training loop names the device: 'xla', 'cuda' or 'cpu'."""
+        """How the training loop names the device: 'xla', 'cuda', 'cpu', or 'tpu' on TorchTPU."""
         return "xla" if self.via_xla else self.backend
 
     def to_dict(self) -> dict[str, object]:
@@ -358,9 +362,56 @@ def _detect_cpu() -> HardwareInfo:
     )
 
 
+def _detect_torchtpu() -> HardwareInfo:  # pragma: no cover - TorchTPU on a TPU host only
+    """TorchTPU: plain torch's ``tpu`` device, one process per chip under torchrun (as `_detect_cuda`
+    counts GPUs: WORLD_SIZE devices when a launcher set it, else every chip this process sees)."""
+    kind, count = torchtpu_plan.local_devices()
+    chip = normalise_chip(kind)
+    memory, peak = _per_device(CHIPS.get(chip))
+    world = launched_world_size()
+    return HardwareInfo(
+        backend="tpu",
+        via_xla=False,
+        device_kind=kind,
+        chip=chip,
+        num_devices=world or count,
+        local_devices=count,
+        num_processes=world or 1,
+        process_index=int(os.environ.get("RANK", "0")),
+        memory_per_device_bytes=memory,
+        peak_bf16_flops_per_device=peak,
+        host_memory_bytes=host_memory_bytes(),
+        platform=detect_platform(),
+    )
+
+
+def machine_facts() -> routing.MachineFacts:
+    """What `routing.choose` decides from, read here (starts nothing, imports neither torch_xla nor TorchTPU)."""
+    return routing.MachineFacts(
+        xla_installed=runtime.xla_installed(),
+        torch_tpu=find_torch_tpu(),
+        tpu_present=runtime.tpu_present(),
+        cuda_available=_cuda_available(),
+        pjrt_device=runtime.env_requests_xla(),
+    )
+
+
+def _tpu_runtime() -> str | None:
+    """`routing.tpu_runtime` here, its conflict as a `HardwareError` (what to uninstall)."""
+    facts = routing.MachineFacts(runtime.xla_installed(), find_torch_tpu(), False, False, None)
+    try:
+        return routing.tpu_runtime(facts)
+    except routing.BackendConflictError as err:
+        raise HardwareError(str(err)) from None
+
+
 def _found() -> str:
     """One line on what this machine offers, for error messages."""
     parts = [f"torch_xla {'installed' if runtime.xla_installed() else 'not installed'}"]
+    torch_tpu = find_torch_tpu()
+    parts.append(
+        f"TorchTPU {'installed' if torch_tpu is not None and torch_tpu.is_torchtpu else 'not installed'}"
+    )
     parts.append(f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE', '<unset>')}")
     parts.append(f"CUDA {'available' if _cuda_available() else 'not available'}")
     parts.append(f"TPU {'signs present' if runtime.tpu_present() else 'not found'}")
@@ -399,8 +450,8 @@ def _present_backends() -> list[str]:
     """The backends "auto" tries, in order: those whose signs are on this machine (starts nothing)."""
     pjrt = runtime.env_requests_xla()
     present = []
-    if runtime.xla_installed() and pjrt in (None, "TPU") and runtime.tpu_present():
-        present.append("tpu")
+    if pjrt in (None, "TPU") and runtime.tpu_present() and _tpu_runtime() is not None:
+        present.append("tpu")  # torch_xla's, or TorchTPU's where torch_xla is not installed
     if _cuda_available():
         present.append("cuda")
     if runtime.xla_installed() and pjrt == "CPU":
@@ -414,7 +465,10 @@ def _detect_explicit(device_type: str) -> HardwareInfo:
     if device_type == "cpu":
         return _detect_cpu()
     if device_type == "tpu":
-        if not runtime.xla_installed() or pjrt not in (None, "TPU") or not runtime.tpu_present():
+        tpu_runtime = _tpu_runtime()
+        if tpu_runtime == "torchtpu" and runtime.tpu_present():
+            return _detect_torchtpu()
+        if tpu_runtime is None or pjrt not in (None, "TPU") or not runtime.tpu_present():
             raise HardwareError(
                 f"device_type='tpu' requested but no TPU is usable here ({_found()}). "
                 "On a TPU VM or a Colab/Kaggle TPU runtime, install torch_xla with its libtpu and set PJRT_DEVICE=TPU."
@@ -433,6 +487,7 @@ def _detect_explicit(device_type: str) -> HardwareInfo:
             )
         return _detect_cuda()
     if device_type == "xla":
+        _tpu_runtime()  # torch_xla beside TorchTPU: refused, naming what to uninstall
         if not runtime.xla_installed():
             raise HardwareError(
                 f"device_type='xla' requested but torch_xla is not installed ({_found()}). "

@@ -2,9 +2,9 @@
 
 ``torchrun`` (or ``python -m workbench train --nproc N``, which starts it) gives each process
 ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. `init_from_env` joins
-them into one ``torch.distributed`` process group: nccl on CUDA, gloo on the CPU. The helpers
-beside it (`all_reduce_sum`, `gather_objects`, `agree`) are what the trainer needs across ranks:
-sums of losses and token counts, and a config every rank must share.
+them into one ``torch.distributed`` process group: nccl on CUDA, TorchTPU's ``tpu`` on its ``tpu``
+device, gloo on the CPU. The helpers beside it (`all_reduce_sum`, `gather_objects`, `agree`) are what
+the trainer needs across ranks: sums of losses and token counts, and a config every rank must share.
 
 `RankWatchdog` is why a rank that dies never leaves the others hanging: each rank bumps a counter in
 the launcher's key-value store every second; a peer whose counter stops for the timeout is named
@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from workbench.backend.torchtpu.plan import DEVICE_TYPE as TORCHTPU_DEVICE
+from workbench.backend.torchtpu.plan import PROCESS_GROUP_BACKEND as TORCHTPU_GROUP
 
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 HEARTBEAT_EVERY_S = 1.0
@@ -58,7 +61,7 @@ class ProcessGroup:
     world_size: int
     local_rank: int
     backend: str
-    """'nccl' (CUDA) or 'gloo' (CPU)."""
+    """'nccl' (CUDA), 'tpu' (TorchTPU) or 'gloo' (CPU)."""
 
     @property
     def is_main(self) -> bool:
@@ -85,9 +88,14 @@ def current() -> ProcessGroup | None:
     )
 
 
+def group_backend(device_type: str) -> str:
+    """The ``torch.distributed`` backend for ranks on `device_type`: nccl (cuda), tpu (TorchTPU's tpu), gloo."""
+    return {"cuda": "nccl", TORCHTPU_DEVICE: TORCHTPU_GROUP}.get(device_type, "gloo")
+
+
 def init_from_env(device_type: str, timeout_s: float = 600.0) -> ProcessGroup | None:
-    """Join the launch's process group (nccl for ``device_type='cuda'``, else gloo), pinning a CUDA
-    rank to its ``LOCAL_RANK`` GPU; None when torchrun did not start this process. Idempotent.
+    """Join the launch's process group (`group_backend`), pinning a CUDA rank to its ``LOCAL_RANK``
+    GPU; None when torchrun did not start this process. Idempotent.
 
     `timeout_s` bounds each collective: a rank that never arrives fails the others' call then
     (`RankWatchdog` names a dead one sooner)."""
@@ -99,7 +107,7 @@ def init_from_env(device_type: str, timeout_s: float = 600.0) -> ProcessGroup | 
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = "nccl" if device_type == "cuda" else "gloo"
+    backend = group_backend(device_type)
     if device_type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise DistributedError(

@@ -293,7 +293,7 @@ def load_pairs(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None) -
     source = data_cfg.source
     if source == "preference-sample":
         return pair_records(_read_sample(), data_cfg)
-    if source in ("embedded", "chat-sample"):
+    if source in ("embedded", "chat-sample", "math-sample"):
         raise ValueError(
             f"data.source={source!r} holds no preference pairs; train.objective=dpo needs "
             "'preference-sample' or a local file of prompt/chosen/rejected records"

@@ -1,7 +1,8 @@
 """Records to training examples: load the data source, tokenise plain text or chat, split, share by host.
 
 **Records** (`load_records`): "embedded" (the embedded corpus, column ``text``), "chat-sample"
-(the shipped chat SFT records, from `workbench.data.corpus`), a local jsonl/json/csv/parquet/text
+(the shipped chat SFT records, from `workbench.data.corpus`), "math-sample" (the arithmetic word
+problems of `workbench.data.math_sample` as question/solution chat turns), a local jsonl/json/csv/parquet/text
 file or directory (``data.file_type``), loaded through ``datasets``, or a directory written by
 ``save_to_disk``. Whatever their shape, `workbench.data.formats` reads them (``data.format``,
 ``data.columns``, ``data.filter``) into one ``messages`` column (chat) or the text column.
@@ -82,6 +83,10 @@ def load_records(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None)
             for r in _read_chat_sample()
         ]
         ds = datasets.Dataset.from_list([{"messages": m} for m in rows])
+    elif source == "math-sample":  # its questions and solutions as chat turns: the fine-tune before GRPO
+        from workbench.data.math_sample import math_sample_records, sft_messages
+
+        ds = datasets.Dataset.from_list([{"messages": m} for m in sft_messages(math_sample_records())])
     else:
         ds, place = _load_local(Path(source).expanduser(), data_cfg, cache_dir)
     try:
@@ -100,7 +105,7 @@ def _load_local(path: Path, data_cfg: Any, cache_dir: str | os.PathLike[str] | N
 
     if not path.exists():
         raise FileNotFoundError(
-            f"data.source={str(path)!r} does not exist; use 'embedded', 'chat-sample' or a local file/directory"
+            f"data.source={str(path)!r} does not exist; use 'embedded', 'chat-sample', 'math-sample' or a local file/directory"
         )
     if path.is_dir() and any((path / name).is_file() for name in ("dataset_dict.json", "state.json")):
         return _load_saved(path, cache_dir)
@@ -389,13 +394,24 @@ def _host_share() -> tuple[int, int]:
     return 1, 0
 
 
+def split_eval(examples: Any, fraction: float, seed: int) -> tuple[Any, Any]:
+    """(train, eval or None): a seeded random `fraction` of `examples` held out (at least one when
+    `fraction` is above 0 and there are two), the rest shuffled by the same seed."""
+    if float(fraction) > 0 and len(examples) >= 2:
+        n_eval = max(1, round(len(examples) * float(fraction)))
+        split = examples.train_test_split(test_size=n_eval, seed=int(seed), shuffle=True)
+        return split["train"], split["test"]
+    return examples.shuffle(seed=int(seed)), None
+
+
 def build_datasets(
     cfg: Any, tokenizer: Any = None, cache_dir: str | os.PathLike[str] | None = None
 ) -> tuple[Any, Any, Any]:
     """(train, eval or None, tokenizer) for `cfg`: load, tokenise, split, and shard train by host.
 
     Under ``train.objective: dpo`` the examples are preference pairs
-    (`workbench.data.preference.load_pairs`, `tokenize_pairs`); otherwise SFT records.
+    (`workbench.data.preference.load_pairs`, `tokenize_pairs`); under ``grpo`` tokenised prompts
+    with their answers (`workbench.data.prompts.build_prompts`); otherwise SFT records.
 
     The eval split is a seeded random `data.eval_fraction` of the examples (at least one when
     the fraction is above 0); on a multi-host run each host keeps its equal share of the train
@@ -409,17 +425,15 @@ def build_datasets(
         from workbench.data import preference
 
         tokenized = preference.tokenize_pairs(preference.load_pairs(cfg.data, cache_dir), tokenizer, cfg.data)
+    elif cfg.train.objective == "grpo":
+        # prompts with their answers (`workbench.data.prompts`, which builds on this module: imported here)
+        from workbench.data import prompts
+
+        tokenized = prompts.build_prompts(cfg, tokenizer, cache_dir)
     else:
         tokenized = tokenize_records(load_records(cfg.data, cache_dir), tokenizer, cfg.data)
     if len(tokenized) == 0:
         raise ValueError(f"data.source={cfg.data.source!r} gave no usable examples after tokenisation")
-    eval_ds = None
-    fraction = float(cfg.data.eval_fraction)
-    if fraction > 0 and len(tokenized) >= 2:
-        n_eval = max(1, round(len(tokenized) * fraction))
-        split = tokenized.train_test_split(test_size=n_eval, seed=int(cfg.train.seed), shuffle=True)
-        train_ds, eval_ds = split["train"], split["test"]
-    else:
-        train_ds = tokenized.shuffle(seed=int(cfg.train.seed))
+    train_ds, eval_ds = split_eval(tokenized, cfg.data.eval_fraction, cfg.train.seed)
     count, index = _host_share()
     return shard_for_host(train_ds, count, index), eval_ds, tokenizer

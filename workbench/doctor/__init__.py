@@ -4,7 +4,8 @@ It answers, without starting the XLA runtime or importing torch_xla, the questio
 most "it does not start" reports (GitHub issue #20):
 
 - versions (`versions`): torch and torch_xla of one major.minor, the libtpu torch_xla pins,
-  transformers / peft / datasets within the project's pins, the notebook libraries;
+  transformers / peft / datasets within the project's pins, the notebook libraries; TorchTPU's
+  pins where it is installed (`torchtpu_pins`);
 - the accelerator (`accelerator`): which devices are attached, another process holding the
   TPU (named by PID and command line), a stale libtpu lock, ``PJRT_DEVICE`` and friends that
   contradict the hardware;
@@ -27,6 +28,7 @@ from workbench.doctor.checks import Check, DoctorError, DoctorReport
 from workbench.doctor.roots import DoctorRoots
 from workbench.doctor.session import detect_session, session_checks
 from workbench.doctor.sizing import model_check
+from workbench.doctor.torchtpu_pins import torchtpu_checks
 from workbench.doctor.versions import version_checks
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ def doctor(
     packages = roots.packages()
     devices = scan_devices(roots)
     checks = version_checks(packages, tpu=devices.tpu, hosted=detect_session(roots) != "local")
+    checks += torchtpu_checks(packages, tpu=devices.tpu)  # none unless a torch-tpu is installed
     checks += accelerator_checks(roots, devices)
     needs = None
     if cfg is not None:

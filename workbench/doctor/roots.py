@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.backend.torchtpu.detect import distribution_urls
+
 PROJECT = "xla-workbench"
 """This project's distribution name: its pins are what installed versions are compared with."""
 
@@ -56,6 +58,9 @@ class DoctorRoots:
     """Distribution name -> its requirement strings (``libtpu==0.0.21; extra == "tpu"``). With
     `versions` given, these stand in for the metadata (None: no requirements); otherwise None
     reads ``importlib.metadata``."""
+    home_pages: Mapping[str, Sequence[str]] | None = None
+    """Distribution name -> its Home-page and Project-URLs (which vendor's ``torch_tpu`` is installed).
+    With `versions` given, these stand in for the metadata (None: none); otherwise read from it."""
     disk_usage: Callable[[Path], Any] = shutil.disk_usage
     """Returns an object with ``total``, ``used`` and ``free`` bytes for a path."""
     self_pid: int = field(default_factory=os.getpid)
@@ -70,7 +75,7 @@ class DoctorRoots:
         return resolved if resolved.is_absolute() else self.working_directory() / resolved
 
     def packages(self) -> InstalledPackages:
-        return InstalledPackages(self.versions, self.requirements)
+        return InstalledPackages(self.versions, self.requirements, self.home_pages)
 
 
 class InstalledPackages:
@@ -80,8 +85,10 @@ class InstalledPackages:
         self,
         versions: Mapping[str, str] | None = None,
         requirements: Mapping[str, Sequence[str]] | None = None,
+        home_pages: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self._from_metadata = versions is None
+        self._home_pages = {canonical_name(k): list(v) for k, v in (home_pages or {}).items()}
         self._versions = {canonical_name(k): v for k, v in (versions or {}).items()}
         self._requirements = {canonical_name(k): list(v) for k, v in (requirements or {}).items()}
         self._read_requirements_from_metadata = versions is None and requirements is None
@@ -104,6 +111,15 @@ class InstalledPackages:
         except importlib.metadata.PackageNotFoundError:
             # A checkout used from sys.path, not pip-installed: its pins are in pyproject.toml
             return _pyproject_requirements() if canonical_name(name) == PROJECT else []
+
+    def urls(self, name: str) -> list[str]:
+        """Distribution `name`'s Home-page and Project-URLs (empty when none or not installed)."""
+        if not self._from_metadata:
+            return self._home_pages.get(canonical_name(name), [])
+        try:
+            return distribution_urls(importlib.metadata.distribution(name))
+        except importlib.metadata.PackageNotFoundError:
+            return []
 
     def requires_python(self, name: str) -> str | None:
         """The ``Requires-Python`` of distribution `name` (None when unknown or injected)."""

@@ -21,6 +21,8 @@ import platform
 import re
 from typing import Any
 
+from workbench.backend.torchtpu.detect import DISTRIBUTION as TORCHTPU
+from workbench.backend.torchtpu.detect import is_torchtpu_metadata
 from workbench.doctor.checks import Check
 from workbench.doctor.roots import PROJECT, InstalledPackages, canonical_name
 
@@ -120,9 +122,12 @@ def python_check(packages: InstalledPackages, running: str | None = None) -> Che
 def torch_checks(packages: InstalledPackages, *, tpu: bool) -> list[Check]:
     """torch, torch_xla (same major.minor as torch) and libtpu (the version torch_xla pins)."""
     torch, xla = packages.version("torch"), packages.version("torch_xla")
+    torchtpu = packages.version(TORCHTPU) is not None and is_torchtpu_metadata(
+        TORCHTPU, packages.urls(TORCHTPU)
+    )
     return [
         _torch_check(packages, torch, xla),
-        _xla_check(torch, xla, tpu=tpu),
+        _xla_check(torch, xla, tpu=tpu, torchtpu=torchtpu),
         _libtpu_check(packages, xla, tpu=tpu),
     ]
 
@@ -138,8 +143,10 @@ def _torch_check(packages: InstalledPackages, torch: str | None, xla: str | None
     return Check("torch", "fail", "not installed: nothing can train", fix)
 
 
-def _xla_check(torch: str | None, xla: str | None, *, tpu: bool) -> Check:
+def _xla_check(torch: str | None, xla: str | None, *, tpu: bool, torchtpu: bool = False) -> Check:
     if xla is None:
+        if torchtpu:
+            return Check("torch_xla", "ok", "not installed: TorchTPU drives the TPU (its lines below)")
         if tpu and torch is not None:
             return Check(
                 "torch_xla",

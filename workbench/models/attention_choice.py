@@ -125,7 +125,7 @@ def choose_attention(
     kernel, reason = resolve_attention(
         setting,
         device_type=hw.device_string,
-        is_tpu=hw.backend == "tpu",
+        is_tpu=hw.backend == "tpu" and hw.via_xla,  # the Pallas flash kernels are torch_xla's, not TorchTPU's
         seq_len=seq_len,
         softcap=has_softcap(config),
         dropout=has_attention_dropout(config),

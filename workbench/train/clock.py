@@ -91,6 +91,12 @@ class TimeBudget:
     and the final save (the slowest measured, or an assumption from the state's size) must fit in
     what is left, each at `SAFETY` times its measure.
     Host clock only: nothing here reads the device.
+
+    An iteration is everything between two checks, so a GRPO step's rollout, which runs inside the
+    stream's ``next()``, is timed with its training step. With ``grpo.num_iterations`` μ above 1 a
+    rollout serves μ steps, so a step with a rollout is much slower than the μ - 1 after it:
+    `expect_rollouts` makes the window hold at least two rollouts' steps (the next step is planned at
+    the slowest, a rollout's), and the planned stop step uses the mean step over whole rollout cycles.
     """
 
     def __init__(
@@ -112,6 +118,14 @@ class TimeBudget:
         self.saving = False
         self.training_from: float | None = None
         """When the first step could start (the first `must_stop`): what loading and warm-up took before it."""
+        self.rollout_every = 1
+        """Optimizer steps per rollout (GRPO's ``grpo.num_iterations``; 1: every step alike)."""
+
+    def expect_rollouts(self, every: int) -> None:
+        """The run rolls out once every `every` optimizer steps (GRPO, ``grpo.num_iterations``), inside
+        the step that takes the rollout's batch: keep enough steps to see two rollouts."""
+        self.rollout_every = max(1, int(every))
+        self.steps = deque(self.steps, maxlen=max(16, 2 * self.rollout_every))
 
     def expect_saves(self, state_bytes: int | None) -> None:
         """The run checkpoints `state_bytes` of state (None: it writes no checkpoint, nothing to plan)."""
@@ -138,6 +152,15 @@ class TimeBudget:
 
     def _step_s(self) -> float:
         return max(self.steps, default=0.0)
+
+    def _mean_step_s(self) -> float:
+        """A step's time on average over the run's long haul: the slowest recent step, or, when a
+        rollout serves several steps, the mean over the latest whole rollout cycles (each holds one)."""
+        every = self.rollout_every
+        if every == 1 or len(self.steps) < every:
+            return self._step_s()
+        cycles = list(self.steps)[-(len(self.steps) // every) * every :]
+        return sum(cycles) / len(cycles)
 
     def _final_save_s(self) -> float:
         if not self.saving:
@@ -172,7 +195,7 @@ class TimeBudget:
         left = self.left()
         if left is None:
             return None
-        per_step = self._step_s() + ((self.eval_s or 0.0) / eval_every if eval_every else 0.0)
+        per_step = self._mean_step_s() + ((self.eval_s or 0.0) / eval_every if eval_every else 0.0)
         if per_step <= 0:
             return total
         room = left / SAFETY - self._final_save_s()

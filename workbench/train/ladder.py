@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench.analysis.batch import max_batch_size
-from workbench.analysis.estimate import preference_reference
+from workbench.analysis.config_estimate import preference_reference
+from workbench.analysis.rollout_memory import rollout_plan
 from workbench.config import WorkbenchConfig
 
 
@@ -64,6 +65,7 @@ def memory_batch_cap(
                 quantize=cfg.model.quantize,
                 loss_chunk_tokens=train.loss_chunk_tokens,
                 preference=preference_reference(cfg),
+                rollout=rollout_plan(cfg),  # GRPO: prompts of max_length, each with its completions
             )
         )
     except Exception as err:  # an estimate that cannot be made must not stop training

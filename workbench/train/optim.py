@@ -4,6 +4,10 @@
   external learning rate; its relative-step/parameter-scale modes compare a device tensor on
   the host each step, a sync per parameter on XLA) or SGD with momentum. Biases and norm
   weights get no weight decay.
+- Fused AdamW on CUDA (`use_fused`): torch's one-kernel update, whose step counters live on the
+  parameters' device; CPU and XLA keep the host counters and the per-parameter loop. Checkpoints stay
+  portable across the two: a save copies every state tensor to the host (the counter is a host float32
+  scalar either way) and a load copies each *into* the live tensor, on whatever device it lives.
 - `init_optimizer_state`: creates the optimizer's state tensors before the first step.
   Lazily created state makes the first optimizer step a different XLA program from every
   later one (zeros built inside the graph versus buffers passed in); creating it up front
@@ -66,20 +70,38 @@ def use_foreach(groups: Iterable[dict[str, Any]]) -> bool:
     return bool(params) and all(p.device.type == "cuda" for p in params)
 
 
+def use_fused(groups: Iterable[dict[str, Any]]) -> bool:
+    """Whether AdamW runs as torch's fused kernel: on CUDA only. One kernel launch for every parameter's
+    update in place of a few per parameter (issue #38: the eager step's unfused AdamW was part of what
+    kept it behind `transformers.Trainer` on an H100). Its step counters live on the device
+    (`init_optimizer_state`). XLA traces the update into the step's program whatever it is, and the
+    CPU keeps the loop the bitwise tests compare."""
+    return use_foreach(groups)
+
+
 def build_optimizer(
-    model: torch.nn.Module, train: TrainConfig, extra_params: Iterable[torch.nn.Parameter] = ()
+    model: torch.nn.Module,
+    train: TrainConfig,
+    extra_params: Iterable[torch.nn.Parameter] = (),
+    *,
+    fused: bool | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer `train.optimizer` names, over `model`'s trainable parameters (+ `extra_params`).
+    `fused`: AdamW as torch's fused kernel; None: where it pays (`use_fused`: CUDA).
 
     Build it after the model is on its device (and sharded): optimizers hold references to the
     parameters they were given.
     """
     groups = parameter_groups(model, train.weight_decay, extra_params)
     if train.optimizer == "adamw":
-        # fused/capturable would put the step counter on the device (`init_optimizer_state` keeps it on
-        # the host, where the checkpoints expect it)
+        fused = use_fused(groups) if fused is None else fused
         return torch.optim.AdamW(
-            groups, lr=train.learning_rate, betas=(0.9, 0.95), eps=1e-8, foreach=use_foreach(groups)
+            groups,
+            lr=train.learning_rate,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            foreach=False if fused else use_foreach(groups),
+            fused=fused,
         )
     if train.optimizer == "adafactor":
         stacked = stacked_parameter_names(model)
@@ -103,7 +125,9 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
             if state:
                 continue
             if isinstance(optimizer, torch.optim.AdamW):
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                # fused and capturable updates read the counter on the parameter's device; the loop, on the host
+                on_device = bool(group.get("fused") or group.get("capturable"))
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 if group.get("amsgrad"):

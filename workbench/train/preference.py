@@ -10,8 +10,18 @@ reference (the model it started from), and per pair ``h = (π_c − ref_c) − (
 - ``ipo`` (Azar et al., 2023): ``(h − 1 / (2β))²`` with every log-prob averaged over its answer's
   tokens, as TRL's ``DPOTrainer`` computes it.
 
-Rewards are ``β (π − ref)`` per answer, from the summed log-probs under either loss (as TRL
-reports them): ``reward_accuracy`` is the share of pairs whose chosen
+Two losses need no reference at all (`REFERENCE_FREE`: no reference model, no reference forward),
+on the answers' log-probs averaged over their tokens (``c``, ``r``), as TRL computes them:
+
+- ``simpo`` (Meng et al., 2024; TRL's ``CPOTrainer`` with ``loss_type="simpo"``, ``cpo_alpha=0``):
+  ``−log σ(β (c − r) − γ)`` with the margin γ ``train.simpo_gamma``;
+- ``orpo`` (Hong et al., 2024; TRL's ``ORPOTrainer``): ``−c − β log σ(log odds(c) − log odds(r))``,
+  ``odds(p) = p / (1 − p)``: the chosen answer's token-averaged NLL plus the odds-ratio term, β as
+  the paper's λ. The NLL is the token mean over the (micro-)batch's chosen answers, as TRL averages
+  it; TRL's also counts the prompts' tokens, the workbench trains on answers only.
+
+Rewards are ``β (π − ref)`` per answer, from the summed log-probs under sigmoid and ipo, ``β c``
+and ``β r`` under the reference-free losses (as TRL reports them): ``reward_accuracy`` is the share of pairs whose chosen
 reward is the higher, ``reward_margin`` the mean difference. Like every objective here it returns
 *sums* (`loss_sum`, and the metrics' ``stats``) with their count (``tokens``: the real pairs,
 filler pairs of an eval's last batch count 0), so the step engine averages over every pair of an
@@ -57,6 +67,9 @@ STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp"
 REFERENCE_COLUMNS = ("reference_chosen_logp", "reference_rejected_logp")
 """The dataset columns a precomputed reference adds (the collator turns them into ``reference_logps``)."""
 
+REFERENCE_FREE = ("simpo", "orpo")
+"""The ``train.dpo_loss`` values that take no reference model."""
+
 PRECOMPUTE_BUCKETS = 4
 """Shapes of the precomputing pass when the run's own number is 'auto' (chosen after it)."""
 
@@ -69,13 +82,22 @@ class DPOSettings:
     beta: float = 0.1
     """``train.dpo_beta``: the pull towards the reference."""
     loss: str = "sigmoid"
-    """``train.dpo_loss``: 'sigmoid' or 'ipo'."""
+    """``train.dpo_loss``: 'sigmoid', 'ipo', 'simpo' or 'orpo'."""
+    simpo_gamma: float = 0.5
+    """``train.simpo_gamma``: SimPO's target margin."""
 
     def __post_init__(self) -> None:
         if self.beta <= 0:
             raise ValueError(f"train.dpo_beta={self.beta!r} is not allowed: must be > 0")
-        if self.loss not in ("sigmoid", "ipo"):
-            raise ValueError(f"train.dpo_loss={self.loss!r} is not allowed: 'sigmoid' or 'ipo'")
+        if self.loss not in ("sigmoid", "ipo", *REFERENCE_FREE):
+            raise ValueError(
+                f"train.dpo_loss={self.loss!r} is not allowed: 'sigmoid', 'ipo', 'simpo' or 'orpo'"
+            )
+
+    @property
+    def reference_free(self) -> bool:
+        """Whether the loss takes no reference (SimPO, ORPO)."""
+        return self.loss in REFERENCE_FREE
 
 
 def dpo_losses(
@@ -91,6 +113,52 @@ def dpo_losses(
     if settings.loss == "sigmoid":
         return -F.logsigmoid(settings.beta * margin)
     return (margin - 1.0 / (2.0 * settings.beta)) ** 2
+
+
+def simpo_losses(chosen: torch.Tensor, rejected: torch.Tensor, beta: float, gamma: float) -> torch.Tensor:
+    """Per pair, SimPO's ``−log σ(β (c − r) − γ)`` of the answers' token-averaged log-probs (TRL's
+    ``CPOTrainer.cpo_loss``, ``loss_type="simpo"``, no label smoothing)."""
+    return -F.logsigmoid(beta * ((chosen - rejected) - gamma / beta))
+
+
+def log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """``log(1 − exp(x))`` for x < 0, stable on both sides of −log 2 (TRL's ORPO helper)."""
+    return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
+
+
+def orpo_odds_ratio(chosen: torch.Tensor, rejected: torch.Tensor, beta: float) -> torch.Tensor:
+    """Per pair, ORPO's ``β log σ(log odds(c) − log odds(r))`` of the token-averaged log-probs: the
+    term TRL's ``ORPOTrainer.odds_ratio_loss`` returns as its losses (to be subtracted)."""
+    chosen, rejected = chosen.float(), rejected.float()
+    log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
+    return beta * F.logsigmoid(log_odds)
+
+
+def preference_losses(
+    policy: torch.Tensor, reference: torch.Tensor | None, tokens: torch.Tensor, settings: DPOSettings
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per pair ``[pairs]``, the loss of ``train.dpo_loss`` from the ``[pairs, 2]`` summed answer
+    log-probs (chosen, rejected) of the policy and the reference (None for SimPO and ORPO) and the
+    answers' token counts; and the rewards ``[pairs, 2]`` as TRL reports them."""
+    per_token = tokens.clamp(min=1.0)
+    if settings.reference_free:
+        average = policy / per_token
+        if settings.loss == "simpo":
+            losses = simpo_losses(average[:, 0], average[:, 1], settings.beta, settings.simpo_gamma)
+        else:  # the NLL as TRL takes it: a token mean over the batch's chosen answers, spread over the pairs
+            pairs = ((tokens[:, 0] > 0) & (tokens[:, 1] > 0)).sum()  # filler pairs have no answer tokens
+            pairs_per_token = pairs / tokens[:, 0].sum().clamp(min=1.0)
+            nll = -policy[:, 0] * pairs_per_token
+            losses = nll - orpo_odds_ratio(average[:, 0], average[:, 1], settings.beta)
+        return losses, settings.beta * average.detach()
+    taken_policy, taken_reference = policy, reference
+    if settings.loss == "ipo":
+        taken_policy, taken_reference = policy / per_token, reference / per_token
+    losses = dpo_losses(
+        taken_policy[:, 0], taken_policy[:, 1], taken_reference[:, 0], taken_reference[:, 1], settings
+    )
+    # rewards from the summed log-probs, whichever the loss (as TRL reports them)
+    return losses, settings.beta * (policy.detach() - reference)
 
 
 def row_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -132,7 +200,8 @@ def answer_tokens(labels: torch.Tensor) -> torch.Tensor:
 
 class DPOObjective(torch.nn.Module):
     """The DPO loss of interleaved pair batches with reward metrics; `reference` is 'adapters_off',
-    'copy' (give `reference_model`) or 'precompute' (batches carry ``reference_logps``)."""
+    'copy' (give `reference_model`), 'precompute' (batches carry ``reference_logps``) or 'none'
+    (SimPO and ORPO, which take none)."""
 
     stat_names = STAT_NAMES
     rows_per_example = 2
@@ -148,9 +217,18 @@ class DPOObjective(torch.nn.Module):
         notice: Notice | None = None,
     ) -> None:
         super().__init__()
-        if reference not in ("adapters_off", "copy", "precompute"):
+        if reference not in ("adapters_off", "copy", "precompute", "none"):
             raise ValueError(
                 f"train.dpo_reference={reference!r} is not allowed here: 'adapters_off', 'copy' or 'precompute'"
+            )
+        if (reference == "none") != settings.reference_free:
+            raise ValueError(
+                f"train.dpo_loss={settings.loss!r} "
+                + (
+                    "takes no reference"
+                    if settings.reference_free
+                    else f"needs a reference, not {reference!r}"
+                )
             )
         if (reference == "copy") != (reference_model is not None):
             raise ValueError("train.dpo_reference='copy' takes a reference_model, and only it does")
@@ -194,24 +272,13 @@ class DPOObjective(torch.nn.Module):
                 return self.logps(model, batch)
 
     def forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        reference = self.reference_logps(model, batch).view(-1, 2)
+        reference = None if self.reference == "none" else self.reference_logps(model, batch).view(-1, 2)
         policy = self.logps(model, batch).view(-1, 2)
         tokens = answer_tokens(batch["labels"]).view(-1, 2)
         # a filler pair (an eval's last batch filled to its shape) has no labels: it counts nowhere
         real = ((tokens[:, 0] > 0) & (tokens[:, 1] > 0)).to(torch.float32)
-        taken_policy, taken_reference = policy, reference
-        if self.settings.loss == "ipo":
-            per_token = tokens.clamp(min=1.0)
-            taken_policy, taken_reference = policy / per_token, reference / per_token
-        losses = dpo_losses(
-            taken_policy[:, 0],
-            taken_policy[:, 1],
-            taken_reference[:, 0],
-            taken_reference[:, 1],
-            self.settings,
-        )
-        with torch.no_grad():  # rewards from the summed log-probs, whichever the loss (as TRL reports them)
-            rewards = self.settings.beta * (policy.detach() - reference)
+        losses, rewards = preference_losses(policy, reference, tokens, self.settings)
+        with torch.no_grad():
             chosen_reward, rejected_reward = rewards[:, 0], rewards[:, 1]
             stats = {
                 "reward_accuracy": ((chosen_reward > rejected_reward).float() * real).sum(),
@@ -244,6 +311,8 @@ def resolve_reference(
     their passes would run different programs at the same time, so 'auto' copies there instead.
     """
     asked, lora = cfg.train.dpo_reference, is_lora(model)
+    if cfg.train.dpo_loss in REFERENCE_FREE:
+        return "none", f"train.dpo_loss={cfg.train.dpo_loss!r} takes no reference model"
     hosts = _hosts() if hosts is None else hosts
     if asked == "precompute" and hosts > 1:
         raise ValueError(
@@ -287,7 +356,7 @@ def prepare_reference(
     """For ``train.objective: dpo``, the reference of `model` (prepared, still on the host): its mode
     said through `notice`, and for 'copy' a frozen copy in the policy's own precision, so that at the
     first step the reference is the policy exactly (a bf16 copy of fp32 master weights would run its
-    norms and residuals in bf16 and tilt every reward). None for SFT."""
+    norms and residuals in bf16 and tilt every reward); mode 'none' for SimPO and ORPO. None for SFT."""
     if cfg.train.objective != "dpo":
         return None
     mode, why = resolve_reference(cfg, model)
@@ -328,7 +397,7 @@ def preference_objective(trainer: Any, chunking: LossChunking, place: Callable[.
     reference, cfg = trainer.reference, trainer.cfg
     if reference.model is not None:
         place(reference.model, trainer.mesh, trainer.device)
-    settings = DPOSettings(cfg.train.dpo_beta, cfg.train.dpo_loss)
+    settings = DPOSettings(cfg.train.dpo_beta, cfg.train.dpo_loss, cfg.train.simpo_gamma)
     objective = DPOObjective(
         settings, reference.mode, reference_model=reference.model, chunking=chunking, notice=trainer._notice
     )

@@ -29,6 +29,7 @@ import torch
 
 from workbench.backend import process_group
 from workbench.backend.hardware import HardwareError, HardwareInfo
+from workbench.backend.torchtpu import plan as torchtpu_plan
 from workbench.parallel import torch_parallel
 from workbench.parallel.mesh import batch_size_problem
 from workbench.parallel.torch_parallel import ObjectiveStep, RankMesh
@@ -103,6 +104,8 @@ class RankTraining:
         if hw.via_xla:
             refuse_lone_xla_ranks(hw)
             return None
+        if hw.backend == "tpu":  # TorchTPU: no GSPMD, so no mesh.model, with or without torchrun
+            torchtpu_plan.refuse_unsupported_mesh(cfg.mesh)
         timeout = duration_or_none(cfg.train.rank_timeout) or 60.0
         group = process_group.init_from_env(hw.backend, timeout_s=max(600.0, 10 * timeout))
         if group is None:
@@ -110,7 +113,8 @@ class RankTraining:
         process_group.agree(cfg.to_dict())  # before anything collective depends on it
         layout = torch_parallel.rank_mesh(cfg.mesh, group.world_size)
         check_global_batch(cfg, layout)
-        device = torch.device("cuda", group.local_rank) if hw.backend == "cuda" else torch.device("cpu")
+        # a CUDA or TorchTPU rank drives its LOCAL_RANK device
+        device = torch.device(hw.backend, group.local_rank) if hw.backend != "cpu" else torch.device("cpu")
         ranks = cls(group, layout, device, cfg.train.precision)
         ranks.mesh = torch_parallel.device_mesh(layout, device.type)
         ranks.watchdog = process_group.RankWatchdog.for_group(group, timeout)

@@ -14,6 +14,8 @@
   has the same inputs and compiles once per shape.
 - **No hidden syncs.** Loss, token counts and grad norm stay device tensors; clipping is
   `clip_grad_norm_fp32` on the device (the norm summed in fp32).
+- **Compiled (plain torch).** With ``train.compile`` on, the training forward and loss run as one
+  torch.compile graph per batch shape (`workbench.train.compiled_step`); the rest stays eager.
 - **Precision.** 'bf16-mixed': fp32 weights, bf16 autocast (``torch.autocast("xla")`` on XLA,
   CUDA autocast where the GPU has bf16, CPU autocast on plain CPU). Losses are computed in
   fp32. 'bf16': bf16 weights, no autocast.
@@ -28,9 +30,10 @@ from typing import Any
 import torch
 
 from workbench.analysis.metrics import perplexity
-from workbench.backend import runtime
+from workbench.backend import dynamo_compiles, runtime
 from workbench.config import TrainConfig
 from workbench.parallel.torch_parallel import local_part
+from workbench.train.compiled_step import compiled_forward
 from workbench.train.objective import CausalLMObjective
 from workbench.train.oom import halved_micro_batch
 from workbench.train.optim import init_optimizer_state
@@ -132,6 +135,17 @@ class StepEngine:
         self._loss_acc: torch.Tensor | None = None
         self._tokens_acc: torch.Tensor | None = None
         self._stat_acc: dict[str, torch.Tensor] = {}
+        self.compiled, self.notices = compiled_forward(
+            train.compile,
+            model,
+            objective,
+            device=device,
+            xla=xla,
+            objective_name=train.objective,
+            wrapped=ranks.wrapped if ranks is not None else None,
+        )
+        """``train.compile``: the training forward through torch.compile (`workbench.train.compiled_step`),
+        or None (eager; XLA compiles anyway); `notices`: what the run says about it, once."""
 
     @property
     def micro_steps(self) -> int:
@@ -144,6 +158,15 @@ class StepEngine:
     def sync(self) -> None:
         if self.xla:
             runtime.sync()
+
+    @property
+    def prewarms(self) -> bool:
+        """Whether warm-up has step programs to compile: XLA's, or the compiled native step's graphs."""
+        return self.xla or self.compiled is not None
+
+    def compile_count(self) -> int:
+        """Programs compiled so far in this process: XLA's, else the compiled native step's graphs."""
+        return runtime.compile_count() if self.xla else dynamo_compiles.graphs_compiled()
 
     # ---- state on the device ----
     def init_optimizer_state(self) -> None:
@@ -192,6 +215,8 @@ class StepEngine:
 
     # ---- the step ----
     def _forward(self, batch: Batch, objective: torch.nn.Module | None = None) -> dict[str, Any]:
+        if objective is None and self.compiled is not None:  # the training forward: a graph per shape
+            return self.compiled(batch)
         if self.ranks is not None:  # through DDP / FSDP2, whose hooks gather and reduce
             return self.ranks.forward(batch, objective)
         return (objective or self.objective)(self.model, batch)

@@ -32,9 +32,10 @@ from typing import Any, cast
 
 import torch
 
+from workbench.analysis.advice import run_communication
 from workbench.analysis.flops import training_flops_per_token
-from workbench.analysis.metrics import IntervalMetrics, RunMetrics, perplexity
-from workbench.analysis.profiler import StepProfiler, run_communication
+from workbench.analysis.metrics import ROLLOUT_KEYS, IntervalMetrics, RunMetrics, perplexity
+from workbench.analysis.profiler import StepProfiler
 from workbench.backend import compile_log, runtime
 from workbench.backend.compile_cache import enable_compile_cache
 from workbench.backend.hardware import HardwareInfo, detect
@@ -44,6 +45,7 @@ from workbench.models.build import no_kv_cache
 from workbench.models.scan import scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
+from workbench.rl.wiring import evaluate_grpo, grpo_objective, grpo_run_metrics, warm_up_grpo
 from workbench.train import warmup
 from workbench.train.clock import ThroughputClock, TimeBudget, check_time_limit
 from workbench.train.distill import DistillationObjective, DistillSettings
@@ -100,7 +102,8 @@ class Trainer:
     """Train `cfg.model` on `cfg.data` (or the given model/datasets) with `cfg.train`.
 
     `teacher`: a model sharing the student's tokenizer turns the run into knowledge
-    distillation (`workbench.train.distill`), weighted by ``cfg.train.distill_*``.
+    distillation (`workbench.train.distill`), weighted by ``cfg.train.distill_*``. `rewards`: under
+    ``train.objective: grpo``, reward functions (or their names) in place of ``grpo.reward_funcs``.
     `callbacks`: callables receiving the metrics dict every log interval, on the host.
     """
 
@@ -115,6 +118,7 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         hardware: HardwareInfo | None = None,
         teacher: torch.nn.Module | None = None,
+        rewards: Sequence[Any] = (),
     ) -> None:
         train = cfg.train
         self.budget = TimeBudget(duration_or_none(train.time_limit))  # the session's time counts from here
@@ -154,7 +158,7 @@ class Trainer:
         self.model = run_model(cfg, model, self.tokenizer, hw=self.hw, notice=self._notice)
         self.reference = prepare_reference(cfg, self.model, self._notice)  # DPO: read before placing
         self.sharding_report = place(self.model, self.mesh, self.device)
-        self.teacher = teacher
+        self.teacher, self.rewards = teacher, list(rewards)
         self.objective = build_objective(self, teacher)
         if self.ranks is not None:  # DDP / FSDP2 before the optimizer: FSDP2 replaces the parameters
             self.ranks.wrap(self.model, self.objective)
@@ -206,9 +210,11 @@ class Trainer:
 
     # ---- warm-up and out of memory ----
     def _warm_up(self) -> int:
-        """Compile every step program before training (XLA only); returns programs compiled."""
-        if not (self.xla and self.cfg.train.prewarm):
+        """Compile every step program before training (XLA, a compiled native step); returns the count."""
+        if not (self.engine.prewarms and self.cfg.train.prewarm):
             return 0
+        if self.cfg.train.objective == "grpo":  # every prompt bucket's rollout and step: workbench.rl
+            return warm_up_grpo(self)
         template, _ = self._stream.next()  # a real batch: which keys, dtypes and layout a batch has
         self._open_stream()  # put it back: the stream restarts at the same position
         evals = bool(self.cfg.train.eval_every) and self.data.eval_dataset is not None
@@ -231,9 +237,11 @@ class Trainer:
 
     # ---- eval and checkpoints ----
     def evaluate(self, max_batches: int | None = None) -> float:
-        """Mean eval loss (next-token, or DPO's with its ``.stats``), a float with ``.perplexity`` (one host read at the end)."""
+        """Mean eval loss (next-token, or DPO's with its ``.stats``), a float with ``.perplexity`` (one host read at the end); GRPO: greedy completions' mean reward."""
         if self.data.eval_dataset is None:
             raise ValueError("no eval dataset: pass eval_dataset= or set data.eval_fraction > 0")
+        if self.cfg.train.objective == "grpo":  # greedy completions scored by the rewards
+            return evaluate_grpo(self, max_batches)
         self.last_eval_loss = self.engine.eval_loss(self.data.eval_batches(self.loop.batch_size), max_batches)
         return self.last_eval_loss
 
@@ -304,7 +312,7 @@ class Trainer:
             self.model, self.cfg, self.hw, mesh=self.mesh_spec, dp_size=self.dp_size, notice=self._notice
         )
         warm = self._warm_up()
-        compiles_before = runtime.compile_count() if self.xla else 0
+        compiles_before = self.engine.compile_count()  # XLA programs, or a compiled native step's graphs
         self.profiler = make_profiler(self, prewarmed=warm > 0)
         clock, bar = ThroughputClock(self.xla), _progress_bar(train, initial=self.loop.step)
         self.budget.expect_saves(self.training_state.nbytes() if self.checkpoints is not None else None)
@@ -322,7 +330,7 @@ class Trainer:
         tokens_per_s = clock.tokens_per_s(time.perf_counter())
         stopped = self.loop.step < train.steps
         save_final_state(self, clock, stopped, start_step)
-        step_compiles = runtime.compile_count() - compiles_before - clock.paused_compiles if self.xla else 0
+        step_compiles = self.engine.compile_count() - compiles_before - clock.paused_compiles
         return TrainResult(
             history=self.history,
             final_loss=self.history[-1]["loss"] if self.history else None,
@@ -332,7 +340,7 @@ class Trainer:
             eval_loss=self.last_eval_loss,
             steps=self.loop.step,
             warmup_compiles=warm,
-            notices=[*self.notices, *self.compile_cache.run_notices()],  # what the cache saved, read once
+            notices=[*self.notices, *self.engine.notices, *self.compile_cache.run_notices()],  # cache: once
             time_limited=stopped,
         )
 
@@ -487,6 +495,10 @@ def run_metrics(trainer: Trainer, interval: IntervalMetrics, warm: int) -> RunMe
         ),
         checkpoint_stall_s=checkpoints.stall_s if checkpoints is not None else None,
     )
+    if trainer.cfg.train.objective == "grpo":  # the interval's rollouts (`workbench.rl.wiring`)
+        metrics.update(grpo_run_metrics(trainer, interval))
+    for key in ROLLOUT_KEYS:  # a GRPO run's rollout figures, where its rollouts gave them; None elsewhere
+        metrics.setdefault(key, None)
     return metrics
 
 
@@ -515,6 +527,8 @@ def build_objective(trainer: Trainer, teacher: torch.nn.Module | None) -> torch.
         model_parallel=spec.model if spec is not None else 1,
     )
     check_objective_data(trainer.cfg, trainer.data, teacher=teacher)
+    if trainer.cfg.train.objective == "grpo":  # rollouts, rewards and the GRPO loss (`workbench.rl`)
+        return grpo_objective(trainer)
     if trainer.reference is not None:
         return preference_objective(trainer, chunking, place)
     if teacher is None:

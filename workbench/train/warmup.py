@@ -1,11 +1,12 @@
 """Warm-up: compile every step program before training, then put the training state back exactly.
 
-On XLA, before the first step, every (batch, length) shape the sampler can emit (at every batch
-size dynamic growth will reach, and the eval split's shapes when evals run) goes through the
-real step on synthetic tokens. The model, objective, optimizer, scheduler and RNG are
-snapshotted to the host first and copied back *into* the live tensors after (keeping their
-device placement and sharding), so training continues exactly as it would have without the
-warm-up, and after it nothing compiles on a bucketed run.
+On XLA, and on plain torch with a compiled native step (``train.compile``,
+`workbench.train.compiled_step`: one torch.compile graph per shape), before the first step, every
+(batch, length) shape the sampler can emit (at every batch size dynamic growth will reach, and on
+XLA the eval split's shapes when evals run) goes through the real step on synthetic tokens. The
+model, objective, optimizer, scheduler and RNG are snapshotted to the host first and copied back
+*into* the live tensors after (keeping their device placement and sharding), so training continues
+exactly as it would have without the warm-up, and after it nothing compiles on a bucketed run.
 
 With ``bucketing.max_buckets: auto``, `choose_auto_buckets` first measures what one shape costs
 to compile and what a padded token costs to train, on the one shape every plan has (the full
@@ -32,7 +33,14 @@ from workbench.data.preference import is_pair_dataset
 from workbench.data.sampler import batch_rows
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import restore_optimizer_scalars
-from workbench.train.state_io import capture_rng, flatten_state, host_tensors, restore_rng, unflatten_state
+from workbench.train.state_io import (
+    capture_rng,
+    flatten_state,
+    host_tensors,
+    restore_rng,
+    shard_like,
+    unflatten_state,
+)
 from workbench.train.step import StepEngine
 from workbench.train.stream import TrainingData
 
@@ -65,8 +73,10 @@ def snapshot(engine: StepEngine) -> dict[str, Any]:
 def restore(engine: StepEngine, snap: dict[str, Any]) -> None:
     """Copy `snap` back *into* the live tensors (keeps their device placement and sharding)."""
     _, live_tensors = flatten_state(_live_state(engine))
+    # under FSDP2 (torchrun) each rank copies back its own piece of the whole host copy, no collective
+    values = shard_like(snap["tensors"], live_tensors)
     with torch.no_grad():
-        for key, value in snap["tensors"].items():
+        for key, value in values.items():
             live_tensors[key].copy_(value)
     saved = unflatten_state(snap["structure"], snap["tensors"])
     restore_optimizer_scalars(engine.optimizer, saved["optimizer"])
@@ -91,7 +101,7 @@ def warm_up(
     """Compile every step program (`compile_step_programs`) and put the state back exactly; an
     out-of-memory error restores the state and asks `on_oom` (the trainer's policy: halve the
     micro-batch) whether to try again. Returns the programs compiled."""
-    before = runtime.compile_count()
+    before = engine.compile_count()
     snap = snapshot(engine)
 
     def compile_all() -> None:
@@ -105,7 +115,7 @@ def warm_up(
 
     retry_on_oom(compile_all, shrink)
     restore(engine, snap)
-    return runtime.compile_count() - before
+    return engine.compile_count() - before
 
 
 def compile_step_programs(
@@ -125,11 +135,32 @@ def compile_step_programs(
         fake = synthetic_batch(shape, vocab_size=vocab, pad_token_id=data.pad_token_id, template=template)
         return data.to_device(fake)
 
-    for size in batch_sizes:
-        shapes = data.shapes(size, data.train_dataset) or [tuple(template["input_ids"].shape[:2])]
-        prewarm(lambda batch: engine.train_step([batch] * grad_accum), shapes, make_batch)
-        if evals:  # the eval split has its own bucket plan: compile its forward shapes too
+    plans = [
+        data.shapes(size, data.train_dataset) or [tuple(template["input_ids"].shape[:2])]
+        for size in batch_sizes
+    ]
+    if engine.compiled is not None:  # Dynamo keeps every shape's graph (past its limit it runs eager)
+        engine.compiled.expect_graphs(sum(map(len, plans)))
+    for size, shapes in zip(batch_sizes, plans):
+        run_each_shape(engine, lambda batch: engine.train_step([batch] * grad_accum), shapes, make_batch)
+        if evals and engine.xla:  # the eval split has its own bucket plan (a native eval runs eager)
             prewarm(lambda batch: engine.eval_loss([batch]), data.shapes(size, data.eval_dataset), make_batch)
+
+
+def run_each_shape(
+    engine: StepEngine,
+    step: Callable[[dict[str, torch.Tensor]], Any],
+    shapes: list[tuple[int, int]],
+    make_batch: Callable[[tuple[int, int]], dict[str, torch.Tensor]],
+) -> None:
+    """`step` once on a batch of each shape: on XLA through `prewarm` (a sync after each, the step's
+    outputs alive across it, as in the loop); on plain torch a compiled step's graphs compile as it runs."""
+    if engine.xla:
+        prewarm(step, shapes, make_batch)
+        return
+    for shape in shapes:
+        out = step(make_batch(tuple(shape)))
+        del out
 
 
 def measure_step_costs(

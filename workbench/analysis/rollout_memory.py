@@ -1,0 +1,194 @@
+"""GRPO's memory (``train.objective: grpo``): the rollout's KV cache and the training rows of prompt + completion.
+
+A GRPO step samples ``grpo.num_generations`` G completions of each of its prompts on the device
+(`workbench.rl`), then trains on them. Per device, against a supervised step of ``batch_size``
+rows of ``data.max_length``:
+
+- **Training rows.** ``batch_size x G`` rows (``train.batch_size`` counts prompts), each a prompt
+  left-padded to its bucket (at most ``data.max_length``) followed by the rollout's completion
+  budget: ``max_completion_length`` rounded up to 16 (`workbench.decoding.cache_budget`, the
+  sampler's fixed decode length). `workbench.analysis.estimate.estimate` prices the step's
+  activations over those rows, its logits as the GRPO objective takes them (`grpo_logits_bytes`:
+  every position's, unchunked; the completions' in fp32 for the log-probs), and its inputs: ids,
+  attention mask and position ids (int64 over every position), the completion mask (fp32) and the
+  advantages.
+- **Old log-probs.** With ``grpo.num_iterations`` above 1 the rollout's per-token log-probs (fp32,
+  ``rows x completion budget``) are kept for its steps.
+- **The rollout.** transformers' `StaticCache` as `workbench.decoding.static_cache` lays it out:
+  each layer keeps keys and values of ``rows x kv heads x positions x head_dim`` (kv heads split
+  over the mesh's model axis), positions = prompt bucket + completion budget, a sliding-window
+  layer only its window. Its precision is the weights' (fp32 under fp32 and bf16-mixed, bf16 under
+  bf16): the keys come out of the rotary embedding in the weights' dtype. Beside the cache the rollout holds
+  either one layer's forward over the prompts (the prefill: the training step's per-layer formula
+  at the prompt's length, without gradients only one layer lives at a time) or the sampler's
+  vocabulary-wide fp32 rows (`SAMPLER_VOCAB_COPIES`: the logits, the temperature-scaled ones, the
+  probabilities and the top-p sort), whichever is larger.
+
+The rollout and the training step never hold their transients at once: the cache is built for a
+rollout and dropped when it returns (`workbench.decoding.Decoder.run`), before the step's forward.
+So the peak holds the larger of the two: the ``rollout`` part of the breakdown is only what the
+rollout's cache and buffers need beyond the step's activations and logits, as the attention
+temporaries are added over the logits (`RolloutMemory` keeps the whole figures for display).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.analysis.shape import ModelShape
+from workbench.models.build import transformers_config_of
+
+COMPLETION_MULTIPLE = 16
+"""The completion budget is ``max_completion_length`` rounded up to this many positions, as the
+sampler rounds its cache (`workbench.decoding.CACHE_MULTIPLE`; tests/test_rollout_memory.py checks they agree)."""
+SAMPLER_VOCAB_COPIES = 4
+"""Vocabulary-wide fp32 rows a decode step holds per completion: the logits, the temperature-scaled
+logits, their softmax and the sorted copy top-p filters."""
+ROLLOUT_MEANINGS: dict[str, str] = {
+    "rollout": "GRPO's rollout: the KV cache and the sampler's buffers, beyond the training step's activations and logits",
+    "old_logps": "GRPO: the rollout's per-token log-probs, kept for grpo.num_iterations > 1",
+}
+"""The breakdown parts a GRPO step adds (`workbench.analysis.estimate.BREAKDOWN_MEANINGS`), in display order."""
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What a GRPO step's memory depends on, beside the batch and the prompt length (`estimate`'s ``rollout``)."""
+
+    num_generations: int
+    """G: completions per prompt (``grpo.num_generations``)."""
+    max_completion_length: int
+    """Most tokens sampled per completion (``grpo.max_completion_length``)."""
+    num_iterations: int = 1
+    """Optimizer steps per rollout (``grpo.num_iterations``): above 1 the old log-probs are kept."""
+
+    @property
+    def completion_positions(self) -> int:
+        """The completion budget: `max_completion_length` rounded up to `COMPLETION_MULTIPLE`."""
+        return -(-self.max_completion_length // COMPLETION_MULTIPLE) * COMPLETION_MULTIPLE
+
+
+def rollout_plan(cfg: Any) -> RolloutPlan | None:
+    """The `RolloutPlan` of a `WorkbenchConfig` under ``train.objective: grpo``; None for any other objective."""
+    if cfg.train.objective != "grpo":
+        return None
+    grpo = cfg.grpo
+    return RolloutPlan(grpo.num_generations, grpo.max_completion_length, grpo.num_iterations)
+
+
+@dataclass(frozen=True)
+class RolloutMemory:
+    """A GRPO step's rollout per device, whole: what `MemoryEstimate.rollout` shows beside the breakdown."""
+
+    rows: int
+    """Completions sampled and trained per device: prompts per device x G."""
+    prompt_length: int
+    """The prompt bucket planned for (the longest: ``data.max_length``)."""
+    completion_positions: int
+    """The completion budget (positions decoded per rollout)."""
+    kv_cache_bytes: int
+    """The rollout's KV cache."""
+    sampler_bytes: int
+    """The larger of the prefill's one layer and the sampler's vocabulary-wide rows, beside the cache."""
+    training_transient_bytes: int
+    """What the training step holds instead: its activations and logits."""
+
+    @property
+    def peak_bytes(self) -> int:
+        """The rollout's own transient: its cache and the larger of its prefill and sampler buffers."""
+        return self.kv_cache_bytes + self.sampler_bytes
+
+    @property
+    def excess_bytes(self) -> int:
+        """What the rollout adds at the step's peak: its transient beyond the training step's."""
+        return max(0, self.peak_bytes - self.training_transient_bytes)
+
+
+def cache_positions(model_config: Any, positions: int) -> list[int]:
+    """Positions each layer's static KV cache keeps for ``positions`` tokens: all of them, or a
+    sliding-window layer's window (transformers' own `StaticCache` layout, read without allocating)."""
+    import transformers as tf
+
+    config = transformers_config_of(model_config)
+    try:
+        cache = tf.StaticCache(config=config, max_cache_len=positions)
+    except (KeyError, ValueError, TypeError, AttributeError):
+        # a layout the static cache cannot make (the sampler refuses it, naming the family): every
+        # layer at full length, the most it could hold
+        return [positions] * int(config.get_text_config().num_hidden_layers)
+    return [int(layer.max_cache_len) for layer in cache.layers]
+
+
+def kv_cache_bytes(
+    model_config: Any,
+    shape: ModelShape,
+    *,
+    rows: int,
+    positions: int,
+    dtype_bytes: int,
+    model_parallel: int = 1,
+) -> int:
+    """Bytes of the static KV cache of `rows` rows and `positions` tokens: keys and values of every
+    layer, ``rows x kv heads x its positions x head_dim`` each, the kv heads split over `model_parallel`."""
+    heads = math.ceil(shape.kv_heads / model_parallel)
+    per_position = rows * heads * shape.head_dim * 2 * dtype_bytes
+    return per_position * sum(cache_positions(model_config, positions))
+
+
+def rollout_memory(
+    model_config: Any,
+    shape: ModelShape,
+    plan: RolloutPlan,
+    *,
+    rows: int,
+    prompt_length: int,
+    param_bytes: int,
+    compute_bytes: int,
+    model_parallel: int,
+    training_transient_bytes: int,
+) -> tuple[RolloutMemory, dict[str, int]]:
+    """The rollout of `rows` completions (per device) after prompts of `prompt_length`, and the breakdown
+    parts it adds (`ROLLOUT_MEANINGS`): the cache in the weights' precision (`param_bytes`), the prefill
+    layer in the compute precision, the old log-probs when the plan keeps them."""
+    from workbench.analysis.estimate import activation_elements_per_token  # its formula, one layer's worth
+
+    budget = plan.completion_positions
+    cache = kv_cache_bytes(
+        model_config,
+        shape,
+        rows=rows,
+        positions=prompt_length + budget,
+        dtype_bytes=param_bytes,
+        model_parallel=model_parallel,
+    )
+    layer = activation_elements_per_token(shape, prompt_length, model_parallel=model_parallel)["layer"]
+    prefill = math.ceil(rows * prompt_length * layer * compute_bytes)
+    sampler = rows * shape.vocab * 4 * SAMPLER_VOCAB_COPIES // model_parallel
+    memory = RolloutMemory(
+        rows=rows,
+        prompt_length=prompt_length,
+        completion_positions=budget,
+        kv_cache_bytes=cache,
+        sampler_bytes=max(prefill, sampler),
+        training_transient_bytes=training_transient_bytes,
+    )
+    old_logps = rows * budget * 4 if plan.num_iterations > 1 else 0
+    return memory, {"rollout": memory.excess_bytes, "old_logps": old_logps}
+
+
+def grpo_logits_bytes(
+    rows: int, length: int, completion_positions: int, vocab: int, model_parallel: int = 1
+) -> int:
+    """The GRPO objective's logits term (`workbench.rl.loss.completion_logps`): the head's logits at
+    every position of the row and their gradient (the completion slice's gradient is row-wide), and
+    the completions' fp32 copy and its log-softmax gradient; all fp32 (as the supervised term), no loss
+    chunks (the objective computes every position's logits at once)."""
+    return rows * max(1, vocab // max(1, model_parallel)) * (2 * length + 2 * completion_positions) * 4
+
+
+def grpo_input_bytes(rows: int, prompt_length: int, completion_positions: int) -> int:
+    """The training step's inputs built by a rollout: ids, attention mask and position ids (int64) over
+    every position, the completion mask (fp32) and the advantages (fp32)."""
+    return rows * ((prompt_length + completion_positions) * 3 * 8 + completion_positions * 4 + 4)

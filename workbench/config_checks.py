@@ -1,0 +1,69 @@
+"""The checks that read several sections of one `WorkbenchConfig` together (a key against another
+section's key), beside the per-section range checks in `workbench.config._validate`.
+
+Each check is a ``require(ok, key, value, allowed)`` call, so `workbench.config_reference` lists its
+message under the key it names, as it does for `workbench.config`'s own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from workbench.config_parse import require
+
+if TYPE_CHECKING:
+    from workbench.config import WorkbenchConfig
+
+
+def validate_run(obj: WorkbenchConfig) -> None:
+    """Keys of one section checked against another's: lengths, quantization, token budgets, DPO."""
+    require(
+        obj.data.max_length <= obj.model.max_position_embeddings or obj.model.pretrained_path is not None,
+        "data.max_length",
+        obj.data.max_length,
+        f"must be <= model.max_position_embeddings={obj.model.max_position_embeddings}",
+    )
+    # A quantized base is frozen integers: only LoRA adapters can train on top of it.
+    require(
+        obj.model.quantize == "none" or obj.lora.rank > 0,
+        "model.quantize",
+        obj.model.quantize,
+        f"needs LoRA adapters to train (lora.rank={obj.lora.rank} trains the base weights, which "
+        "'int8'/'int4' freeze as integers): set lora.rank >= 1 (e.g. 16) or model.quantize=none",
+    )
+    # With a token budget the loader sizes every bucket's batch from it and ignores
+    # train.batch_size, so growing the batch would change no batch and only skip data (the
+    # epoch resumes as if the batches had grown).
+    require(
+        obj.train.dynamic_batch_every == 0 or obj.bucketing.tokens_per_batch is None,
+        "train.dynamic_batch_every",
+        obj.train.dynamic_batch_every,
+        f"must be 0 while bucketing.tokens_per_batch={obj.bucketing.tokens_per_batch} is set "
+        "(the token budget fixes every batch size); unset one of them",
+    )
+    validate_preference(obj)
+
+
+def validate_preference(cfg: WorkbenchConfig) -> None:
+    """``train.objective: dpo`` against the rest: a reference it can have, pairs it can batch."""
+    train = cfg.train
+    if train.objective != "dpo":
+        require(
+            cfg.data.pair_by is None,
+            "data.pair_by",
+            cfg.data.pair_by,
+            "pairs responses for preference tuning: set train.objective=dpo, or data.pair_by=null",
+        )
+        return
+    require(
+        train.dpo_reference != "adapters_off" or cfg.lora.rank > 0 or train.dpo_loss in ("simpo", "orpo"),
+        "train.dpo_reference",
+        train.dpo_reference,
+        "'adapters_off' needs LoRA adapters (lora.rank >= 1); without them use 'copy' or 'precompute'",
+    )
+    require(
+        not cfg.bucketing.packing,
+        "bucketing.packing",
+        cfg.bucketing.packing,
+        "must be false under train.objective=dpo: a pair's chosen and rejected answers are rows of their own",
+    )

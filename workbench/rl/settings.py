@@ -1,0 +1,144 @@
+"""The ``grpo`` config section: GRPO's knobs under TRL's own names and defaults, and their checks.
+
+`GRPOConfig` is a section of `workbench.config.WorkbenchConfig` like ``train`` or ``lora``: its
+fields carry the names and defaults of TRL's ``GRPOConfig`` where TRL has them (so a TRL user's
+keys copy over, without a prefix), each with the docstring the config reference and
+``python -m workbench config --explain grpo.KEY`` show. The section is read only under
+``train.objective: grpo``.
+
+`validate_grpo` checks the section's own values and `validate_grpo_run` the section against the
+rest of a run's config; `workbench.config`'s validation calls both, and every refusal names the
+key, the value and what is allowed (`workbench.config_parse.require`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from workbench.config_parse import require
+
+if TYPE_CHECKING:
+    from workbench.config import WorkbenchConfig
+
+GSM8K_FORMAT = r"(?s).*####\s*-?[0-9][0-9,]*(\.[0-9]+)?\s*"
+"""The default of `GRPOConfig.format_pattern`: the whole completion ends with GSM8K's ``#### N``."""
+
+_REWARD_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass
+class GRPOConfig:
+    num_generations: int = 8
+    """G: completions sampled per prompt (a group), >= 2; advantages compare a completion with its group. A step trains on `train.batch_size` prompts x G rows."""
+    max_completion_length: int = 512
+    """Most tokens generated per completion (the rollout's decode steps); a completion still going at this length is truncated."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts, > 0; the loss divides the policy's logits by it too, as TRL does, so its log-probs are the sampler's."""
+    top_p: float = 1.0
+    """Nucleus sampling in (0, 1]: keep the smallest set of likeliest tokens whose probability reaches top_p (at least one); 1.0 keeps every token."""
+    top_k: int = 0
+    """Sample among the k likeliest tokens only; 0 turns top-k off (TRL's convention)."""
+    beta: float = 0.0
+    """KL coefficient towards the reference (TRL's k3 estimator per token); 0.0 (TRL's default) computes no reference at all. With LoRA the reference is the same weights with the adapters switched off, no copy; a full fine-tune refuses beta > 0."""
+    epsilon: float = 0.2
+    """Lower clip of the importance ratio: the ratio is clipped to [1 - epsilon, 1 + epsilon_high]."""
+    epsilon_high: float | None = None
+    """Upper clip of the importance ratio; null: the same as epsilon. DAPO's clip-higher recommends 0.28."""
+    num_iterations: int = 1
+    """mu: optimizer steps per rollout. Above 1 the old log-probs are the rollout's, kept for its mu steps, so the ratio and its clip act; at 1 the ratio is 1 (the old log-probs are the policy's own, detached)."""
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
+    """How token losses are averaged: 'grpo' (each completion's mean over its tokens, then the mean over completions: favours short right answers and long wrong ones), 'dr_grpo' (the sum over tokens divided by completions x max_completion_length: Dr. GRPO), 'dapo' (the mean over every completion token of the optimizer step: DAPO; TRL's default)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantages are the reward minus its group's mean, divided by the group's std ('group', TRL's default), by the whole batch's std ('batch') or by nothing ('none', Dr. GRPO's advice: no difficulty bias)."""
+    mask_truncated_completions: bool = False
+    """Leave completions cut at max_completion_length out of the loss (DAPO's advice for stability); they still count in the rewards and advantages of their group."""
+    reward_funcs: list[str] = field(default_factory=lambda: ["math_answer"])
+    """Reward functions by name: built-ins ('math_answer': the answer after '####' or in \\boxed{} equals the record's answer; 'format': the completion matches format_pattern; 'length': a penalty growing with the distance from length_target) or 'module:function' (TRL's signature: fn(prompts, completions, **columns) -> list of float or None). On the command line: grpo.reward_funcs=math_answer,format."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function, in reward_funcs' order; a completion's reward is the weighted sum. null: every weight 1.0."""
+    format_pattern: str = GSM8K_FORMAT
+    """The 'format' reward's regular expression (Python re, matched against the whole completion): 1.0 when it matches, else 0.0. The default asks for a completion that ends with GSM8K's '#### N'."""
+    length_target: int = 256
+    """The 'length' reward's target: completions of this many tokens get 0, longer or shorter ones a penalty growing with the distance."""
+
+
+def validate_grpo(obj: GRPOConfig, p: str) -> None:
+    """The section's own values: ranges, the reward list and its weights, the pattern."""
+    require(obj.num_generations >= 2, f"{p}num_generations", obj.num_generations, "must be >= 2 (a group)")
+    for name in ("max_completion_length", "num_iterations", "length_target"):
+        require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
+    require(obj.temperature > 0, f"{p}temperature", obj.temperature, "must be > 0")
+    require(0.0 < obj.top_p <= 1.0, f"{p}top_p", obj.top_p, "must be in (0, 1]")
+    require(obj.top_k >= 0, f"{p}top_k", obj.top_k, "must be >= 0 (0 turns top-k off)")
+    require(obj.beta >= 0, f"{p}beta", obj.beta, "must be >= 0 (0: no KL term, no reference)")
+    require(0.0 < obj.epsilon < 1.0, f"{p}epsilon", obj.epsilon, "must be in (0, 1)")
+    require(
+        obj.epsilon_high is None or obj.epsilon_high >= obj.epsilon,
+        f"{p}epsilon_high",
+        obj.epsilon_high,
+        f"must be >= epsilon={obj.epsilon} or null (the same as epsilon)",
+    )
+    require(
+        bool(obj.reward_funcs) and all(_REWARD_SPEC.fullmatch(s.strip()) for s in obj.reward_funcs),
+        f"{p}reward_funcs",
+        obj.reward_funcs,
+        "a non-empty list of reward names (math_answer, format, length) or 'module:function' entries",
+    )
+    require(
+        obj.reward_weights is None or len(obj.reward_weights) == len(obj.reward_funcs),
+        f"{p}reward_weights",
+        obj.reward_weights,
+        f"must give one weight per reward function (reward_funcs has {len(obj.reward_funcs)}) or be null",
+    )
+    require(
+        obj.reward_weights is None or all(math.isfinite(w) for w in obj.reward_weights),
+        f"{p}reward_weights",
+        obj.reward_weights,
+        "every weight must be a finite number",
+    )
+    require(
+        _compiles(obj.format_pattern),
+        f"{p}format_pattern",
+        obj.format_pattern,
+        "must be a valid Python regular expression",
+    )
+
+
+def validate_grpo_run(cfg: WorkbenchConfig) -> None:
+    """``train.objective: grpo`` against the rest of the config: a reference it can have, rows it can train."""
+    if cfg.train.objective != "grpo":
+        return
+    grpo = cfg.grpo
+    require(
+        grpo.beta == 0 or cfg.lora.rank > 0,
+        "grpo.beta",
+        grpo.beta,
+        "must be 0 without LoRA adapters (the KL reference is the model with its adapters switched off): "
+        "set lora.rank >= 1 or grpo.beta=0",
+    )
+    require(
+        not cfg.bucketing.packing,
+        "bucketing.packing",
+        cfg.bucketing.packing,
+        "must be false under train.objective=grpo: each prompt + completion is a row of its own",
+    )
+    longest = cfg.data.max_length + grpo.max_completion_length
+    require(
+        longest <= cfg.model.max_position_embeddings or cfg.model.pretrained_path is not None,
+        "grpo.max_completion_length",
+        grpo.max_completion_length,
+        f"plus data.max_length (the longest prompt) must be <= model.max_position_embeddings="
+        f"{cfg.model.max_position_embeddings} (a prompt and its completion are one sequence): lower one of "
+        "them or raise model.max_position_embeddings",
+    )
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True

@@ -1,0 +1,243 @@
+"""GRPO in the trainer: the pieces ``train.objective: grpo`` puts where SFT's stand, chosen in one place.
+
+`Trainer` stays one loop for every objective. Under GRPO `grpo_objective` (called from
+`workbench.train.trainer.build_objective`) resolves the reward functions (``Trainer(cfg,
+rewards=[...])``, else ``grpo.reward_funcs``), swaps the trainer's `TrainingData` for `RolloutData`
+and returns the `GRPOObjective`. `RolloutData` is the same data with prompt batches instead of
+training rows: its ``stream`` is a `RolloutStream` (the trainer's ``next() -> (batch, BatchInfo)``),
+its loaders batch prompts (`workbench.rl.prompt_loader`), and it holds the run's `RolloutLog` (the
+rollouts' figures for `grpo_run_metrics`) and the held-out eval (`evaluate`: greedy completions
+scored by the rewards). `warm_up_grpo` compiles every prompt bucket's rollout and training programs,
+and the eval's, through the same code path, then restores the state as `workbench.train.warmup` does.
+
+Prompt batches: ``train.batch_size`` prompts, each sampled ``grpo.num_generations`` times, so a step
+trains ``batch_size x G`` rows per micro-batch; those rows split over the mesh's data x fsdp axes (the
+rollout runs on the same mesh as the training step). An eval batch is ``batch_size x G`` prompts, each
+completed once: the same rows, so the eval's programs differ from the rollout's only by being greedy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from workbench.backend import runtime
+from workbench.rl.metrics import RolloutLog
+from workbench.rl.prompt_loader import PromptColumns, prompt_loader
+from workbench.rl.rollout import Rollouts, RolloutStream, row_sharding
+from workbench.train.step import EvalLoss
+from workbench.train.stream import HostStream, TrainingData
+
+AUTO_PROMPT_BUCKETS = 4
+"""Prompt buckets under ``bucketing.max_buckets: auto`` on XLA, where GRPO does not measure step costs."""
+
+
+class RolloutData(TrainingData):
+    """A GRPO run's data: prompt batches, the rollouts that turn them into training batches, the
+    rollouts' figures and the held-out eval by reward. Built from the run's `TrainingData`."""
+
+    def __init__(
+        self, data: TrainingData, model: torch.nn.Module, tokenizer: Any, rewards: Any, mesh: Any
+    ) -> None:
+        self.__dict__.update(vars(data))
+        grpo = self.cfg.grpo
+        self.generations = int(grpo.num_generations)
+        self.log = RolloutLog()
+        """The rollouts' figures and training seconds since the last log step."""
+        place = row_sharding(mesh, self.device) if self.xla else row_sharding(None, self.device)
+        common = dict(pad_token_id=self.pad_token_id, rows_sharding=place, xla=self.xla, mesh=mesh)
+        self.rollouts = Rollouts(
+            model, tokenizer, grpo, rewards, PromptColumns(self.train_dataset, tokenizer), **common
+        )
+        self.eval_rollouts = None
+        if self.eval_dataset is not None:
+            columns = PromptColumns(self.eval_dataset, tokenizer)
+            self.eval_rollouts = Rollouts(model, tokenizer, grpo, rewards, columns, **common)
+        self.current: RolloutStream | None = None
+
+    def take_reads(self) -> int:
+        """The rollouts' and evals' reads of completions since the last call (one per rollout or eval batch)."""
+        rollouts = [r for r in (self.rollouts, self.eval_rollouts) if r is not None]
+        reads = sum(r.reads for r in rollouts)
+        for r in rollouts:
+            r.reads = 0
+        return reads
+
+    def loader(self, dataset: Any, batch_size: int) -> tuple[Any, Any]:
+        """Prompt batches of `dataset`: `batch_size` prompts for training, ``batch_size x G`` (each once,
+        the last of a bucket filled) for the eval."""
+        evaluating = dataset is not self.train_dataset
+        return prompt_loader(
+            dataset,
+            self.cfg,
+            batch_size * self.generations if evaluating else batch_size,
+            pad_token_id=self.pad_token_id,
+            seed=int(self.cfg.train.seed),
+            epochs=self.eval_passes() if evaluating else self.train_epochs(),
+            fill_last=evaluating,
+        )
+
+    def stream(self, batch_size: int, *, epoch: int, skip: int) -> RolloutStream:  # type: ignore[override]
+        """Rollout batches at `batch_size` prompts from batch `skip` of `epoch` on, endlessly."""
+        loader, sampler = self.loader(self.train_dataset, batch_size)
+        host = HostStream(loader, sampler, start_epoch=epoch, skip=skip)
+        train = self.cfg.train
+        self.current = RolloutStream(
+            host,
+            self.rollouts,
+            self.log,
+            seed=int(train.seed),
+            grad_accum=int(train.grad_accum),
+            iterations=int(self.cfg.grpo.num_iterations),
+        )
+        return self.current
+
+    def shapes(self, batch_size: int, dataset: Any) -> list[tuple[int, int]]:
+        """Every (prompts, prompt length) a prompt loader for `dataset` emits at `batch_size`."""
+        _, sampler = self.loader(dataset, batch_size)
+        return sorted((int(r), int(n)) for r, n in sampler.batch_shapes())
+
+    def eval_batches(self, batch_size: int) -> Iterable[dict]:
+        """One pass over the eval prompts (host batches: the rollout places them)."""
+        loader, _ = self.loader(self.eval_dataset, batch_size)
+        return loader
+
+    def evaluate(self, batch_size: int, max_batches: int | None = None) -> EvalLoss:
+        """The held-out eval: greedy completions scored by the rewards (`evaluate_rewards`); its time is
+        left out of the training seconds of the step it follows."""
+        import time
+
+        from workbench.rl.evaluation import evaluate_rewards
+
+        if self.eval_rollouts is None:
+            raise ValueError("no eval dataset: pass eval_dataset= or set data.eval_fraction > 0")
+        start = time.perf_counter()
+        result = evaluate_rewards(self.eval_rollouts, self.eval_batches(batch_size), max_batches=max_batches)
+        if self.current is not None:
+            self.current.excluded_s += time.perf_counter() - start
+        return result
+
+
+def grpo_objective(trainer: Any) -> torch.nn.Module:
+    """The GRPO objective of a `Trainer` whose model is placed; its data become `RolloutData` with the
+    run's `RewardSet` (``Trainer(cfg, rewards=[...])``: functions, built-in names or 'module:function'
+    strings, in place of ``grpo.reward_funcs``; weighted by ``grpo.reward_weights``)."""
+    from workbench.rl.loss import GRPOObjective
+    from workbench.rl.rewards import RewardSet, resolve_reward_funcs
+
+    cfg = trainer.cfg
+    check_grpo_run(trainer)
+    grpo = cfg.grpo
+    given = list(getattr(trainer, "rewards", None) or [])
+    if given:
+        rewards = RewardSet(resolve_reward_funcs(given, grpo), grpo.reward_weights)
+    else:
+        rewards = RewardSet.from_config(grpo)
+    data = RolloutData(trainer.data, trainer.model, trainer.tokenizer, rewards, trainer.mesh)
+    if trainer.xla and cfg.bucketing.max_buckets == "auto":
+        data.cfg = data.cfg.with_overrides({"bucketing.max_buckets": AUTO_PROMPT_BUCKETS})
+        trainer._notice(
+            f"bucketing.max_buckets auto: GRPO does not time its steps to choose, so at most "
+            f"{AUTO_PROMPT_BUCKETS} prompt buckets; set bucketing.max_buckets to choose"
+        )
+    trainer.data = data
+    trainer.budget.expect_rollouts(grpo.num_iterations)  # train.time_limit plans a step with its rollout
+    return GRPOObjective(grpo).to(trainer.device)
+
+
+def check_grpo_run(trainer: Any) -> None:
+    """What a GRPO run refuses: torchrun ranks, a teacher, rows that do not split over the mesh."""
+    cfg = trainer.cfg
+    if trainer.ranks is not None:
+        raise ValueError(
+            "train.objective='grpo' runs in one process (XLA with SPMD meshes, one GPU or the CPU); "
+            "under torchrun it is not supported: launch without --nproc"
+        )
+    if getattr(trainer, "teacher", None) is not None:
+        raise ValueError("train.objective='grpo' takes no teacher: distillation and GRPO are separate runs")
+    rows = cfg.train.batch_size * cfg.grpo.num_generations
+    if rows % trainer.dp_size:
+        raise ValueError(
+            f"train.batch_size={cfg.train.batch_size} x grpo.num_generations={cfg.grpo.num_generations} = "
+            f"{rows} rows per rollout must be a multiple of the mesh's data x fsdp = {trainer.dp_size}: "
+            "change either"
+        )
+
+
+def evaluate_grpo(trainer: Any, max_batches: int | None = None) -> EvalLoss:
+    """`Trainer.evaluate` under GRPO: the mean reward of greedy completions of the eval prompts, kept as
+    the trainer's ``last_eval_loss`` (what `TrainResult.eval_loss` reports)."""
+    trainer.last_eval_loss = trainer.data.evaluate(trainer.loop.batch_size, max_batches)
+    return trainer.last_eval_loss
+
+
+def grpo_run_metrics(trainer: Any, interval: Any) -> dict[str, Any]:
+    """The interval's rollout figures (`workbench.rl.metrics.ROLLOUT_KEYS`) for `run_metrics`; the
+    eval's figure is its reward (``eval_reward_mean``), so the eval-loss keys stay None."""
+    data = trainer.data
+    if data.current is not None:  # the log step's own training time (its loss is read: the step is done)
+        data.current.step_ended()
+    steps = max(1, int(interval.get("steps_in_interval") or 1))
+    figures = data.log.take(steps)
+    figures["expected_transfers"] = data.take_reads()
+    # a rollout runs inside the stream's next(): its seconds are the step's work, not a wait on input
+    waited = float(interval.get("input_wait_s") or 0.0)
+    input_wait = max(0.0, waited - figures["rollout_s"] * steps)
+    share = float(interval.get("input_wait_fraction") or 0.0) * (input_wait / waited) if waited > 0 else 0.0
+    # the eval's figure is its reward (eval_reward_mean), not a loss
+    return {
+        **figures,
+        "input_wait_s": input_wait,
+        "input_wait_fraction": share,
+        "eval_loss": None,
+        "eval_perplexity": None,
+    }
+
+
+def warm_up_grpo(trainer: Any) -> int:
+    """Compile, before the first step, every program a GRPO run runs: for each prompt bucket at each
+    batch size the rollout (a dummy rollout through `Rollouts.run`: sampling, the read, the write of
+    the advantages) and the training step on its batch; with evals, the greedy eval's sampling for each
+    eval bucket. The training state (weights, optimizer, scheduler, RNG) is put back exactly after,
+    as `workbench.train.warmup` does. Returns the programs compiled."""
+    from workbench.train import warmup
+
+    engine, data = trainer.engine, trainer.data
+    grad_accum, vocab = int(trainer.cfg.train.grad_accum), int(trainer.model.config.vocab_size)
+    evals = bool(trainer.cfg.train.eval_every) and data.eval_rollouts is not None
+    before = engine.compile_count()  # XLA's programs, or a compiled native step's graphs
+    snap = warmup.snapshot(engine)
+    try:
+        for size in trainer.ladder:
+            for prompts, length in data.shapes(size, data.train_dataset):
+                batch, _ = data.rollouts.run(dummy_prompts(prompts, length, vocab), 0, score=False)
+                out = engine.train_step([batch] * grad_accum)
+                engine.sync()  # with the step's outputs alive, as the loop syncs
+                del out, batch
+            if evals:
+                for prompts, length in data.shapes(size, data.eval_dataset):
+                    host = dummy_prompts(prompts, length, vocab)
+                    rollout = data.eval_rollouts.sample(
+                        host["input_ids"], host["attention_mask"], 0, greedy=True
+                    )
+                    data.eval_rollouts.completions(rollout)
+    finally:
+        warmup.restore(engine, snap)
+        data.take_reads()  # the warm-up's reads are not the first interval's
+    if trainer.xla:
+        runtime.wait_device_ops()
+    return engine.compile_count() - before
+
+
+def dummy_prompts(prompts: int, length: int, vocab: int) -> dict[str, torch.Tensor]:
+    """A host prompt batch of `prompts` x `length` random tokens (a private generator: the training RNG
+    does not move), laid out as `PromptCollator`'s."""
+    gen = torch.Generator().manual_seed(prompts * 10_007 + length)
+    return {
+        "input_ids": torch.randint(0, vocab, (prompts, length), generator=gen),
+        "attention_mask": torch.ones((prompts, length), dtype=torch.long),
+        "index": torch.zeros((prompts,), dtype=torch.long),
+        "filler": torch.zeros((prompts,), dtype=torch.bool),
+    }
