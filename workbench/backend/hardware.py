@@ -316,12 +316,18 @@ def _detect_cuda() -> HardwareInfo:
     import torch
 
     kind = torch.cuda.get_device_name(0)
+    memory = int(torch.cuda.get_device_properties(0).total_memory)
+    return _process_per_device("cuda", kind, torch.cuda.device_count(), memory)
+
+
+def _process_per_device(backend: str, kind: str, count: int, memory: int | None) -> HardwareInfo:
+    """A backend that runs one process per device (CUDA, TorchTPU): WORLD_SIZE devices when a launcher
+    set it, else the `count` this process sees; `memory` per device (None: the chip table's)."""
     chip = normalise_chip(kind)
-    _, peak = _per_device(CHIPS.get(chip))
-    count = torch.cuda.device_count()
+    table_memory, peak = _per_device(CHIPS.get(chip))
     world = launched_world_size()
     return HardwareInfo(
-        backend="cuda",
+        backend=backend,
         via_xla=False,
         device_kind=kind,
         chip=chip,
@@ -329,7 +335,7 @@ def _detect_cuda() -> HardwareInfo:
         local_devices=count,
         num_processes=world or 1,
         process_index=int(os.environ.get("RANK", "0")),
-        memory_per_device_bytes=int(torch.cuda.get_device_properties(0).total_memory),
+        memory_per_device_bytes=table_memory if memory is None else memory,
         peak_bf16_flops_per_device=peak,
         host_memory_bytes=host_memory_bytes(),
         platform=detect_platform(),
@@ -366,23 +372,7 @@ def _detect_torchtpu() -> HardwareInfo:  # pragma: no cover - TorchTPU on a TPU 
     """TorchTPU: plain torch's ``tpu`` device, one process per chip under torchrun (as `_detect_cuda`
     counts GPUs: WORLD_SIZE devices when a launcher set it, else every chip this process sees)."""
     kind, count = torchtpu_plan.local_devices()
-    chip = normalise_chip(kind)
-    memory, peak = _per_device(CHIPS.get(chip))
-    world = launched_world_size()
-    return HardwareInfo(
-        backend="tpu",
-        via_xla=False,
-        device_kind=kind,
-        chip=chip,
-        num_devices=world or count,
-        local_devices=count,
-        num_processes=world or 1,
-        process_index=int(os.environ.get("RANK", "0")),
-        memory_per_device_bytes=memory,
-        peak_bf16_flops_per_device=peak,
-        host_memory_bytes=host_memory_bytes(),
-        platform=detect_platform(),
-    )
+    return _process_per_device("tpu", kind, count, None)
 
 
 def machine_facts() -> routing.MachineFacts:

@@ -34,13 +34,18 @@ import json
 import math
 import os
 import warnings
-from pathlib import Path
 from typing import Any
 
 from workbench.data import formats
 from workbench.data.corpus import PREFERENCE_SAMPLE
 from workbench.data.formats import FormatError, RecordError
-from workbench.data.records import IGNORE_INDEX, _chat_example, _load_local, chat_token_ids, fold_system_turn
+from workbench.data.records import (
+    IGNORE_INDEX,
+    _chat_example,
+    chat_token_ids,
+    convert_local,
+    fold_system_turn,
+)
 
 Turns = list[dict[str, str]]
 
@@ -298,19 +303,14 @@ def load_pairs(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None) -
             f"data.source={source!r} holds no preference pairs; train.objective=dpo needs "
             "'preference-sample' or a local file of prompt/chosen/rejected records"
         )
-    path = Path(source).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(
-            f"data.source={str(path)!r} does not exist; train.objective=dpo reads 'preference-sample' or a "
-            "local file/directory of preference records"
-        )
-    records, place = _load_local(path, data_cfg, cache_dir)
-    try:
-        return pair_records(records, data_cfg)
-    except RecordError as err:
-        if err.index is None:
-            raise
-        raise place(err) from None
+    return convert_local(
+        data_cfg,
+        cache_dir,
+        pair_records,
+        objective="dpo",
+        shipped="preference-sample",
+        kind="preference records",
+    )
 
 
 # ---- tokenising -------------------------------------------------------------------------------------

@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from workbench.data import formats
@@ -42,7 +41,7 @@ from workbench.data.answers import final_answer
 from workbench.data.formats import FormatError, RecordError
 from workbench.data.math_sample import MATH_SAMPLE, math_sample_records
 from workbench.data.preference import _render_prompt, _text, _turns
-from workbench.data.records import _load_local
+from workbench.data.records import convert_local
 from workbench.data.tokenizer import missing_chat_template
 
 PROMPT_COLUMNS = ("prompt", "answer")
@@ -155,19 +154,9 @@ def load_prompts(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None)
             f"data.source={source!r} holds no prompts with answers; train.objective=grpo reads "
             f"'{MATH_SAMPLE}' or a local file of prompt records ({_NEEDS})"
         )
-    path = Path(source).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(
-            f"data.source={str(path)!r} does not exist; train.objective=grpo reads '{MATH_SAMPLE}' or a "
-            "local file/directory of prompt records"
-        )
-    records, place = _load_local(path, data_cfg, cache_dir)
-    try:
-        return prompt_records(records, data_cfg)
-    except RecordError as err:
-        if err.index is None:
-            raise
-        raise place(err) from None
+    return convert_local(
+        data_cfg, cache_dir, prompt_records, objective="grpo", shipped=MATH_SAMPLE, kind="prompt records"
+    )
 
 
 # ---- tokenising --------------------------------------------------------------------------------

@@ -98,6 +98,33 @@ def load_records(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None)
         raise place(err) from None
 
 
+def convert_local(
+    data_cfg: Any,
+    cache_dir: str | os.PathLike[str] | None,
+    convert: Any,
+    *,
+    objective: str,
+    shipped: str,
+    kind: str,
+) -> Any:
+    """``convert(records, data_cfg)`` of the records in the local ``data.source`` (a file, directory or
+    save_to_disk directory); a record `convert` refuses raises an error naming its file and line.
+    `objective`, `shipped` and `kind` word the error of a source that does not exist."""
+    path = Path(data_cfg.source).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"data.source={str(path)!r} does not exist; train.objective={objective} reads {shipped!r} or a "
+            f"local file/directory of {kind}"
+        )
+    records, place = _load_local(path, data_cfg, cache_dir)
+    try:
+        return convert(records, data_cfg)
+    except formats.RecordError as err:
+        if err.index is None:
+            raise
+        raise place(err) from None
+
+
 def _load_local(path: Path, data_cfg: Any, cache_dir: str | os.PathLike[str] | None) -> tuple[Any, _Place]:
     """The raw records of a local file, directory of files or save_to_disk directory, and how to
     place a record of them."""
