@@ -144,6 +144,8 @@ def trainer_step_memory(
     engine = trainer.engine
     engine.init_state()  # the AdamW moments and running sums exist: the steady-state step
     batch = trainer.data.to_device(synthetic_batch((rows, length), vocab_size=cfg.model.vocab_size))
+    # the setup's programs run asynchronously: on a busy CPU one may be counted after this read
+    runtime.wait_device_ops()
     executed = runtime.execute_count()
 
     def trace() -> list[torch.Tensor]:

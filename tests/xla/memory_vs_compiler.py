@@ -24,6 +24,7 @@ def main() -> dict[str, Any]:
         m = compiled_step_memory(CFG, batch_size=b, seq_len=t)
         e = estimate(CFG, batch_size=b, seq_len=t, precision="fp32")
         rows.append([b, t, m.peak_bytes, e.total_bytes, m.programs])
+    runtime.wait_device_ops()  # the earlier programs run asynchronously: count none of them below
     executed = runtime.execute_count()
     probe = compiled_step_probe(CFG, seq_len=32)
     probed = probe(16)
