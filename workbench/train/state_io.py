@@ -481,6 +481,9 @@ def load_dcp(targets: dict[str, torch.Tensor], directory: Path) -> None:
 
     unique = unique_tensors(targets)
     if any(t.device.type == "xla" for t in unique.values()):
+        # torch_xla's planner reads each target's shards, which must not be mid-computation: a sync
+        # just before (a resume's placement, zeroed weights) may still be running
+        runtime.wait_device_ops()
         dcp.load(unique, storage_reader=_dcp_reader(directory), planner=runtime.spmd_load_planner())
         return
     joined = dist.is_available() and dist.is_initialized()
