@@ -53,7 +53,7 @@ def step_seconds(cfg, *, kernel: str, seq_len: int, steps: int) -> list[float]:
     """Wall time of `steps` training steps after one warm-up step (same program as the memory probe's)."""
     import torch
 
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.models.attention_choice import use_attention
     from workbench.models.build import build_model
     from workbench.models.inputs import model_inputs
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "attention.json"))
     args = parser.parse_args()
 
-    from workbench.backend import compile_log
+    from workbench.backend.xla import compile_log
 
     compile_log.enable_compile_log(Path(tempfile.mkdtemp()) / "compile.log")
     lengths = (512, 2048) if args.quick else (512, 1024, 2048, 4096)

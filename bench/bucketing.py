@@ -244,7 +244,7 @@ MODES = {
 def train_mode(name: str, overrides: list[str], train_ds, tokenizer, budget: int) -> dict:
     import torch
 
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.config import WorkbenchConfig
     from workbench.data.loader import make_loader
     from workbench.models.build import build_model
@@ -404,7 +404,7 @@ def auto_run(buckets: str, budget: int, cache_dir: str | None) -> dict:
     `budget` real tokens; wall time from building the Trainer to the end of `fit`."""
     import datasets
 
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.config import WorkbenchConfig
     from workbench.data.records import build_datasets
     from workbench.train import Trainer

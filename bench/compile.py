@@ -59,7 +59,7 @@ def run_variant(args: argparse.Namespace, layers: int, *, scan: bool) -> dict:
     """Train `args.steps` steps of a `layers`-deep model; compile counts, seconds and losses."""
     import torch
 
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.config import WorkbenchConfig
     from workbench.models.build import build_model
     from workbench.models.inputs import model_inputs

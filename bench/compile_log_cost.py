@@ -40,8 +40,8 @@ def worker(level: int, blocks: int, steps_per_block: int) -> dict:
     import torch
 
     from workbench.analysis.profiler import StepProfiler
-    from workbench.backend import runtime
     from workbench.backend.hardware import detect
+    from workbench.backend.xla import runtime
     from workbench.config import ModelConfig
     from workbench.models.build import build_model
     from workbench.models.inputs import model_inputs

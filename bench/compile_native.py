@@ -68,7 +68,7 @@ def run(config_file: Path | None, settings: list[str], compile_setting: str) -> 
     """One `Trainer.fit()`; its throughput, warm-up and compile figures."""
     import torch
 
-    from workbench.backend import dynamo_compiles
+    from workbench.backend.native import dynamo_compiles
     from workbench.config import load_config
     from workbench.data.records import build_datasets
     from workbench.train import Trainer

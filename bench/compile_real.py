@@ -251,7 +251,7 @@ def cli_child(counters_out: str, argv: list[str]) -> None:
     from workbench.__main__ import main
 
     code = main(argv)
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
 
     counters = {"compiles": runtime.compile_count(), "compile_s": runtime.compile_time_s()}
     Path(counters_out).write_text(json.dumps(counters))

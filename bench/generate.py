@@ -49,7 +49,7 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, dev) -> dict:
     """model.generate on the device: the batch left-padded to its longest prompt, dynamic cache."""
     import torch
 
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
 
     longest = max(map(len, prompts))
     ids = torch.zeros((len(prompts), longest), dtype=torch.long)
@@ -79,7 +79,7 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, dev) -> dict:
 
 
 def ours(model, prompts: list[list[int]], new_tokens: int) -> dict:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.generate import generate
 
     transfers = runtime.transfer_count()
@@ -101,8 +101,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from workbench.analysis.tables import format_table
-    from workbench.backend import runtime
     from workbench.backend.hardware import detect
+    from workbench.backend.xla import runtime
     from workbench.config import ModelConfig
     from workbench.models.build import build_model
 

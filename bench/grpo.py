@@ -171,7 +171,7 @@ def _workbench_split(history: list[dict]) -> dict:
 def run_workbench(args: argparse.Namespace, *, xla: bool) -> dict:
     import torch
 
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.train import Trainer
 
     cfg = config(args, xla=xla)

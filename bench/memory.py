@@ -39,7 +39,7 @@ from pathlib import Path
 
 from workbench.analysis.estimate import estimate
 from workbench.analysis.probe import compiled_step_memory
-from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
+from workbench.backend.xla.runtime import XLA_CPU_MEMORY_SCHEDULER
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -148,7 +148,7 @@ def model_config(row: dict):
 
 def worker(rows: list[dict]) -> None:
     """Runs inside the subprocess: measure each row, print one JSON line per row."""
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
 
     if any(r.get("fsdp", 1) > 1 for r in rows):
         runtime.use_spmd()

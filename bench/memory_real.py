@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
+from workbench.backend.xla.runtime import XLA_CPU_MEMORY_SCHEDULER
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))

@@ -20,7 +20,7 @@ first compile):
 
 Per variant: real tokens/s and the step time over the timed steps (the first step apart, as the
 trainer's own clock does), the compiler's memory analysis of the step program (the largest
-program the run compiled: `workbench.backend.compile_log`) beside `estimate`'s figure (DPO rows
+program the run compiled: `workbench.backend.xla.compile_log`) beside `estimate`'s figure (DPO rows
 with ``preference=`` their reference: rows doubled, 'copy' adds the copy), compiles after
 warm-up, the final training loss, and for DPO the reward accuracy of the last logged step and of
 the held-out pairs (an eval at the last step). ``x`` columns: DPO rows against their SFT baseline
@@ -72,7 +72,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER  # noqa: E402
+from workbench.backend.xla.runtime import XLA_CPU_MEMORY_SCHEDULER  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "preference.json"
 _MARK = "__VARIANT_RESULT__"
@@ -210,7 +210,7 @@ def _record_steps(trainer) -> tuple[list[int], list[float]]:
 def run_variant(args: argparse.Namespace, name: str) -> dict:
     """One variant in this process: the real Trainer, then the compiler's analysis of its step."""
     from workbench.analysis.estimate import estimate
-    from workbench.backend import compile_log
+    from workbench.backend.xla import compile_log
     from workbench.models.build import build_model
     from workbench.train import Trainer
 

@@ -46,8 +46,8 @@ def main() -> None:
     from workbench.analysis.flops import training_flops_per_token
     from workbench.analysis.profiler import StepProfiler
     from workbench.analysis.tables import format_table
-    from workbench.backend import runtime
     from workbench.backend.hardware import detect
+    from workbench.backend.xla import runtime
     from workbench.config import ModelConfig
     from workbench.models.build import build_model
     from workbench.models.inputs import model_inputs

@@ -7,7 +7,7 @@ Each variant runs the real `Trainer` in a fresh process (XLA keeps a process's c
 and the compile log must be on before the first compile) and reports:
 
 - the compiler's own memory analysis of the training step program (per device: arguments,
-  temporaries and the peak, `workbench.backend.compile_log`), beside `estimate`'s figure;
+  temporaries and the peak, `workbench.backend.xla.compile_log`), beside `estimate`'s figure;
 - the base weights' bytes on the device (the sharding report's bytes of the frozen base);
 - a steady step's wall time (tokens/s over the timed steps) and the final loss.
 
@@ -32,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
+from workbench.backend.xla.runtime import XLA_CPU_MEMORY_SCHEDULER
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")  # before anything imports torch_xla
 os.environ.setdefault("CPU_NUM_DEVICES", "1")
@@ -80,7 +80,7 @@ def config(args: argparse.Namespace, quantize: str, chunk: int | str):
 def run_variant(args: argparse.Namespace, quantize: str, chunk: int | str) -> dict:
     """One variant in this process: the real Trainer, then the compiler's analysis of its step."""
     from workbench.analysis.estimate import estimate
-    from workbench.backend import compile_log
+    from workbench.backend.xla import compile_log
     from workbench.data.records import build_datasets
     from workbench.models.build import build_model
     from workbench.train import Trainer

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
 from workbench.models.inputs import model_inputs

@@ -50,7 +50,7 @@ def hand_loop(cfg, train_ds, tokenizer, steps: int, log_every: int, *, token_mea
     """
     import torch
 
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.data.loader import make_loader
     from workbench.models.build import build_model
     from workbench.train.optim import lr_multiplier

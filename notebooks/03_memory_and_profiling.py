@@ -57,8 +57,8 @@ import torch
 from widgets import Dashboard
 from workbench.analysis import StepProfiler
 from workbench.analysis.flops import training_flops_per_token
-from workbench.backend import compile_log
 from workbench.backend.compile_cache import enable_compile_cache
+from workbench.backend.xla import compile_log
 from workbench.data import build_datasets
 from workbench.models import build_model
 

@@ -79,7 +79,7 @@ report.raise_on_fail()"""
 # No TPU or GPU: XLA on the CPU still shows the XLA story (compiles, shapes, SPMD meshes).
 XLA_ON_CPU = """\
 # Without a TPU or GPU, run XLA on the CPU (set before torch_xla starts; a TPU or GPU is used as it is).
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 
 if cpu_xla_devices and not runtime.tpu_present() and "PJRT_DEVICE" not in os.environ and not runtime.runtime_started():
     os.environ["PJRT_DEVICE"] = "CPU"

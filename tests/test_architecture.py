@@ -116,8 +116,8 @@ def test_each_layer_imports_only_the_layers_below_it():
 
 
 def test_torch_xla_is_imported_only_behind_the_runtime_seam():
-    # runtime.py, and the TPU-only Pallas attention call kept apart from it (`tpu_attention.py`)
-    seam = {REPO / "workbench" / "backend" / name for name in ("runtime.py", "tpu_attention.py")}
+    # the xla room: runtime.py, and the TPU-only Pallas attention call kept apart from it (`tpu_attention.py`)
+    seam = {REPO / "workbench" / "backend" / "xla" / name for name in ("runtime.py", "tpu_attention.py")}
     wrong = [
         f"{path.relative_to(REPO)}:{line}"
         for package in PACKAGES
@@ -126,7 +126,9 @@ def test_torch_xla_is_imported_only_behind_the_runtime_seam():
         for target, line in _runtime_imports(ast.parse(path.read_text()))
         if target.split(".")[0] == "torch_xla"
     ]
-    assert not wrong, f"torch_xla imported outside workbench/backend/runtime.py and tpu_attention.py: {wrong}"
+    assert not wrong, (
+        f"torch_xla imported outside workbench/backend/xla/runtime.py and tpu_attention.py: {wrong}"
+    )
 
 
 def test_the_headless_package_never_imports_ui_code():

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.xla.attention_equality import CASES, batch_for, build, chunked_copy, compare, greedy_tokens
-from workbench.backend import tpu_attention
+from workbench.backend.xla import tpu_attention
 from workbench.models import attention
 from workbench.models.attention import (
     CHUNKED,

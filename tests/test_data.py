@@ -275,7 +275,7 @@ def test_chat_sample_tokenises_with_masked_prompts(tokenizer):
 
 
 def test_build_datasets_gives_every_host_an_equal_share(tokenizer, cache_dir, monkeypatch):
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.data import records
 
     # The process facts come from the runtime only once it runs: building data never starts it.

@@ -45,8 +45,8 @@ import torch
 from tests.conftest import REPO
 from tests.dist import flat_state
 from tests.dist.losses import REFERENCE
-from workbench.backend import process_group
-from workbench.backend.process_group import RankWatchdog
+from workbench.backend.native import process_group
+from workbench.backend.native.process_group import RankWatchdog
 from workbench.launch import gpu_notice, torchrun_command, without_nproc
 from workbench.parallel.torch_parallel import RankMesh, RankMeshError, rank_mesh
 from workbench.train.checkpoint import CheckpointManager

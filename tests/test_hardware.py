@@ -151,7 +151,7 @@ def test_cuda_counts_one_gpu_per_launched_process(
 
 
 def test_importing_workbench_starts_no_runtime() -> None:
-    code = "import sys, workbench, workbench.config, workbench.backend.hardware, workbench.backend.runtime; print('torch_xla' in sys.modules)"
+    code = "import sys, workbench, workbench.config, workbench.backend.hardware, workbench.backend.xla.runtime; print('torch_xla' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=xla_env(), capture_output=True, text=True, check=True
     )

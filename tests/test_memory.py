@@ -413,7 +413,7 @@ def test_a_pretrained_path_is_read_from_its_own_config(tmp_path):
 
 def test_compile_memory_log_is_parsed(tmp_path, monkeypatch):
     """The block torch_xla 2.9 writes after each compile (debug_util.cpp), values in GiB."""
-    from workbench.backend import compile_log
+    from workbench.backend.xla import compile_log
 
     log = tmp_path / "compile.log"
     monkeypatch.setenv("PT_XLA_DEBUG_LEVEL", "0")

@@ -12,8 +12,8 @@ from workbench.analysis.batch import find_batch_size, max_batch_size
 from workbench.analysis.estimate import BREAKDOWN_KEYS, BREAKDOWN_MEANINGS, estimate
 from workbench.analysis.shape import quantized_matrices
 from workbench.analysis.tables import estimate_table
-from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
 from workbench.backend.targets import TARGETS
+from workbench.backend.xla.runtime import XLA_CPU_MEMORY_SCHEDULER
 from workbench.config import ModelConfig
 from workbench.models.lm_head import loss_chunk_length
 from workbench.models.presets import MODEL_PRESETS

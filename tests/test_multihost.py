@@ -8,7 +8,7 @@ import shlex
 import datasets
 import pytest
 
-from workbench.backend import multihost, runtime
+from workbench.backend import multihost
 from workbench.backend.hardware import GiB, HardwareInfo
 from workbench.backend.multihost import (
     MultiHostError,
@@ -22,6 +22,7 @@ from workbench.backend.multihost import (
     process_index,
     shard_for_host,
 )
+from workbench.backend.xla import runtime
 from workbench.config import WorkbenchConfig
 from workbench.parallel.mesh import MeshSpec
 

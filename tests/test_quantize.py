@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from tests.test_lora import lora_cfg, lora_data, tiny
 from tests.test_train import VOCAB
-from workbench.backend.runtime import XLA_CPU_MEMORY_SCHEDULER
+from workbench.backend.xla.runtime import XLA_CPU_MEMORY_SCHEDULER
 from workbench.models.quantize import (
     QuantizedLinear,
     dequantize_weight,

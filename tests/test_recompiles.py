@@ -26,8 +26,8 @@ from workbench.analysis.recompiles import (
     input_signatures,
     trigger_frame,
 )
-from workbench.backend import compile_log
-from workbench.backend.compile_log import PythonFrame
+from workbench.backend.compile_records import PythonFrame
+from workbench.backend.xla import compile_log
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
@@ -122,7 +122,7 @@ def test_the_trigger_frame_is_the_first_one_in_user_or_workbench_code(tmp_path):
     # a sync wrapper in workbench code is skipped for its caller; libraries and the seam always
     engine = [
         PythonFrame("sync", "/venv/lib/python3.11/site-packages/torch_xla/torch_xla.py", 87),
-        PythonFrame("sync", "/repo/workbench/backend/runtime.py", 222),
+        PythonFrame("sync", "/repo/workbench/backend/xla/runtime.py", 222),
         PythonFrame("sync", "/repo/workbench/train/step.py", 100),
         PythonFrame("_step", "/repo/workbench/train/trainer.py", 358),
     ]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from workbench.backend import runtime, scan_support
+from workbench.backend.xla import runtime, scan_support
 
 
 def _pci_device(root: Path, name: str, vendor: str, device: str) -> None:
@@ -44,7 +44,7 @@ def test_tpu_present_sees_chips_without_any_tpu_variable(monkeypatch: pytest.Mon
 
 def test_looking_imports_no_torch_xla() -> None:
     code = (
-        "import sys; from workbench.backend import runtime; "
+        "import sys; from workbench.backend.xla import runtime; "
         "runtime.tpu_present(); runtime.xla_installed(); runtime.env_requests_xla(); "
         "print('torch_xla' in sys.modules)"
     )

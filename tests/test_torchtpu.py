@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 from workbench import WorkbenchConfig
-from workbench.backend import hardware, process_group, routing, runtime
+from workbench.backend import hardware, routing
 from workbench.backend.hardware import HardwareError, HardwareInfo
+from workbench.backend.native import process_group
 from workbench.backend.routing import BackendConflictError, MachineFacts
 from workbench.backend.torchtpu import plan
 from workbench.backend.torchtpu.detect import find_torch_tpu, is_torchtpu_metadata, torchtpu_installed
+from workbench.backend.xla import runtime
 from workbench.doctor.roots import InstalledPackages
 from workbench.doctor.torchtpu_pins import torchtpu_checks
 from workbench.doctor.versions import torch_checks

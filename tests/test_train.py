@@ -228,7 +228,8 @@ def test_adafactor_bf16_mixed_and_gradient_checkpointing_train_on_cpu():
 
 
 def test_auto_falls_back_and_says_why(monkeypatch):
-    from workbench.backend import hardware, runtime
+    from workbench.backend import hardware
+    from workbench.backend.xla import runtime
 
     calls = []
     real_detect = hardware._detect_explicit

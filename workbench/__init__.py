@@ -1,7 +1,7 @@
 """XLA Workbench: train and fine-tune transformer LMs on TPUs (PyTorch/XLA), with GPU and CPU fallback.
 
 Importing this package starts no runtime: torch_xla is only imported (through
-`workbench.backend.runtime`) when a function needs it, e.g. `hardware.detect()`.
+`workbench.backend.xla.runtime`) when a function needs it, e.g. `hardware.detect()`.
 """
 
 from workbench.backend.hardware import HardwareError, HardwareInfo, detect

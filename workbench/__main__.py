@@ -185,8 +185,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     import torch
 
-    from workbench.backend import runtime
     from workbench.backend.hardware import detect
+    from workbench.backend.xla import runtime
     from workbench.data.records import chat_token_ids
     from workbench.generate import generate
     from workbench.models.attention_choice import choose_attention, use_attention

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.generation_controls import RepetitionPenalty, StopStrings
 
 CACHE_MULTIPLE = 16

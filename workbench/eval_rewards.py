@@ -49,8 +49,8 @@ def _set_up(args: argparse.Namespace) -> dict[str, Any]:
     """The model on its device, the prompts, the reward functions: everything that can refuse to start."""
     import torch
 
-    from workbench.backend import runtime
     from workbench.backend.hardware import detect
+    from workbench.backend.xla import runtime
     from workbench.data.math_sample import MATH_SAMPLE
     from workbench.data.prompts import build_prompts
     from workbench.data.records import split_eval

@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.decoding import (
     CACHE_MULTIPLE,
     Decoder,

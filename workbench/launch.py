@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.backend import process_group
+from workbench.backend.native import process_group
 
 LAUNCH_ERRORS_ENV = "WORKBENCH_LAUNCH_ERRORS"
 """Set by `launch` for its ranks: the directory a rank writes its configuration error to."""

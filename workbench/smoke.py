@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workbench.backend import runtime
 from workbench.backend.hardware import HardwareInfo, detect
+from workbench.backend.xla import runtime
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
 from workbench.models.inputs import model_inputs

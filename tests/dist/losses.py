@@ -61,7 +61,7 @@ def fingerprint(ids: Any) -> list[int]:
 
 
 def train(name: str) -> dict[str, Any]:
-    from workbench.backend import process_group
+    from workbench.backend.native import process_group
     from workbench.config import WorkbenchConfig
     from workbench.train import Trainer
 

@@ -171,7 +171,7 @@ def greedy_tokens(model: torch.nn.Module, *, prompts: int = 3, new: int = 10) ->
 def main(
     cases: list[str] | None = None, mesh: bool = False, chunk: int = CHUNK, generation: list[str] = ()
 ) -> dict[str, Any]:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.models import attention
 
     attention.QUERY_CHUNK = chunk

@@ -21,7 +21,7 @@ from tests.xla import run
 def main(lengths: tuple[int, ...] = (2048, 4096)) -> dict[str, Any]:
     from workbench.analysis.estimate import estimate
     from workbench.analysis.probe import compiled_step_memory
-    from workbench.backend import compile_log
+    from workbench.backend.xla import compile_log
 
     compile_log.enable_compile_log(Path(tempfile.mkdtemp()) / "compile.log")  # before the first compile
     rows: dict[str, Any] = {}

@@ -22,7 +22,7 @@ from tests.xla import run
 
 def main(length: int = 2048, layers: tuple[int, ...] = (1, 2)) -> dict[str, Any]:
     from workbench.analysis.probe import compiled_program_memory
-    from workbench.backend import compile_log, runtime
+    from workbench.backend.xla import compile_log, runtime
     from workbench.models.attention import query_chunk
     from workbench.models.attention_choice import use_attention
     from workbench.models.build import build_model

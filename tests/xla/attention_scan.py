@@ -20,7 +20,7 @@ def main(
     cases: tuple[tuple[str, bool], ...] = (("llama_packed", False), ("qwen2_padding", True)),
     chunk: int = CHUNK,
 ) -> dict[str, Any]:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.models import attention
     from workbench.models.scan import install_scan, scanned_layers
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.config import ModelConfig, WorkbenchConfig
 from workbench.data.loader import make_loader, prewarm, synthetic_batch
 from workbench.models.build import build_model

@@ -17,7 +17,7 @@ import torch
 
 from tests.tiny import tiny
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.models.build import build_model
 from workbench.parallel.apply import move_model, shard_batch, shard_model
 from workbench.parallel.mesh import MeshSpec

@@ -18,7 +18,7 @@ import torch
 
 from tests.tiny import tiny
 from tests.xla import run
-from workbench.backend import compile_log, runtime
+from workbench.backend.xla import compile_log, runtime
 from workbench.models.build import build_model
 from workbench.models.lm_head import logits_bytes
 from workbench.train.objective import CausalLMObjective, LossChunking

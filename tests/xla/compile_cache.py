@@ -14,7 +14,7 @@ import torch
 
 from tests.test_train import tiny_cfg, token_dataset
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.train import Trainer
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.train.checkpoint import CheckpointManager
 from workbench.train.finite import first_non_finite
 from workbench.train.state_io import host_shards

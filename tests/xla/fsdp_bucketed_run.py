@@ -7,7 +7,7 @@ from typing import Any
 
 from tests.test_train import _grads_of_one_step, _pad, tiny_cfg, token_dataset
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.models.build import build_model
 from workbench.parallel.apply import shard_batch
 from workbench.train import Trainer

@@ -98,7 +98,7 @@ def _prewarm(generate: Any, prewarm_generation: Any, device: Any) -> dict[str, A
 
 
 def _controls(generate: Any, device: Any) -> dict[str, Any]:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
 
     tok = small_tokenizer()
     batch = text_prompts(FIRST)
@@ -128,7 +128,7 @@ def _controls(generate: Any, device: Any) -> dict[str, Any]:
 
 
 def main() -> dict[str, Any]:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.generate import generate, prewarm_generation
 
     device = runtime.device()

@@ -72,7 +72,7 @@ def reference(model: Any, batch: list[list[int]], new: int = NEW_TOKENS) -> list
 def _generation(
     family: str, sliding_window: int | None, sample: bool, scanned: bool = False
 ) -> dict[str, Any]:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.generate import generate, static_cache
     from workbench.models.scan import install_scan
 

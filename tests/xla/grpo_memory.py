@@ -13,7 +13,7 @@ from tests.xla import run
 from workbench.analysis.estimate import estimate
 from workbench.analysis.probe import compiled_program_memory, compiled_step_memory
 from workbench.analysis.rollout_memory import RolloutPlan
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
 from workbench.rl.loss import GRPOObjective

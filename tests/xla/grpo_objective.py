@@ -12,7 +12,7 @@ import torch
 from tests.test_grpo_loss import rollout_batch
 from tests.tiny import tiny
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.config import LoraConfig
 from workbench.models.build import build_model
 from workbench.rl.loss import GRPOObjective

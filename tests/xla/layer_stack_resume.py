@@ -34,7 +34,7 @@ import torch
 
 from tests.test_train import tiny_cfg, token_dataset
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.models.layer_stack import expand_optimizer_state, model_stacks
 from workbench.models.scan import uninstall_scan
 from workbench.train import Trainer

@@ -120,7 +120,7 @@ def trainer_step_memory(
     logical count); ``quantized_parameters`` and ``quantized_bytes`` (integers and scales);
     ``step_executions``: programs run while tracing and compiling the step (0 when compile-only).
     """
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.data.loader import synthetic_batch
     from workbench.models.build import build_model
     from workbench.models.quantize import logical_parameter_count, quantized_layers

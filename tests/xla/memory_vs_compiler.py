@@ -10,7 +10,7 @@ from tests.xla import run
 from workbench.analysis.batch import find_batch_size
 from workbench.analysis.estimate import estimate
 from workbench.analysis.probe import compiled_step_memory, compiled_step_probe
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.config import ModelConfig
 
 CFG = ModelConfig(

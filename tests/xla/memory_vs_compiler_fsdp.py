@@ -9,7 +9,7 @@ from typing import Any
 from tests.xla import run
 from workbench.analysis.estimate import estimate
 from workbench.analysis.probe import compiled_step_memory
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.config import ModelConfig
 
 CFG = ModelConfig(

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from tests.xla import run
-from workbench.backend import multihost, runtime
+from workbench.backend import multihost
+from workbench.backend.xla import runtime
 from workbench.parallel.mesh import MeshSpec
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.config import ModelConfig
 from workbench.data.collate import PackedCollator, pack_sequences
 from workbench.models.build import build_model

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.xla import run
-from workbench.backend import compile_log
+from workbench.backend.xla import compile_log
 from workbench.models.quantize import quantized_layers
 from workbench.train import Trainer
 

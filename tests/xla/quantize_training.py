@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.generate import generate
 from workbench.models.quantize import quantized_layers
 from workbench.train import Trainer

@@ -16,8 +16,8 @@ import torch
 
 from tests.xla import run
 from workbench.analysis.profiler import StepProfiler
-from workbench.backend import compile_log, runtime
 from workbench.backend.hardware import detect
+from workbench.backend.xla import compile_log, runtime
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
 from workbench.models.inputs import model_inputs

@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.test_train import tiny_cfg, token_dataset
 from tests.xla import run
-from workbench.backend import compile_log
+from workbench.backend.xla import compile_log
 from workbench.train import Trainer
 
 

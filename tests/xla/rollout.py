@@ -49,7 +49,7 @@ def logps_error(cpu_model: Any, host: dict[str, torch.Tensor]) -> float:
 
 def rollouts(model: Any, cpu_model: Any, eos: int, row_sharding: Any) -> dict[str, Any]:
     from workbench import decoding
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.generate import prewarm_rollout, read_rollout, sample_rollout
 
     caches: list[Any] = []
@@ -100,7 +100,7 @@ def rollouts(model: Any, cpu_model: Any, eos: int, row_sharding: Any) -> dict[st
 
 
 def main() -> dict[str, Any]:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.parallel.apply import move_model, shard_batch, shard_model
     from workbench.parallel.mesh import MeshSpec
 

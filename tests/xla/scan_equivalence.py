@@ -18,7 +18,7 @@ import torch
 
 from tests.tiny import tiny
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.config import WorkbenchConfig
 from workbench.models import scan as scan_module
 from workbench.models.build import build_model

@@ -18,7 +18,7 @@ import torch
 
 from tests.tiny import tiny
 from tests.xla import run
-from workbench.backend import compile_log, runtime
+from workbench.backend.xla import compile_log, runtime
 from workbench.models.build import build_model, enable_gradient_checkpointing
 from workbench.models.inputs import model_inputs
 from workbench.models.scan import install_scan

@@ -13,7 +13,7 @@ from typing import Any
 
 from tests.test_train import tiny_cfg, token_dataset
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.models.layer_stack import per_layer_parameters
 from workbench.models.scan import scanned_layers
 from workbench.train import Trainer

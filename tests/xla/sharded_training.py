@@ -11,8 +11,8 @@ import torch
 
 from tests.tiny import tiny
 from tests.xla import run
-from workbench.backend import runtime
 from workbench.backend.hardware import detect
+from workbench.backend.xla import runtime
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
 from workbench.models.inputs import model_inputs

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from tests.xla import run
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.parallel.mesh import MeshError, MeshSpec
 
 

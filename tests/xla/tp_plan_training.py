@@ -78,14 +78,14 @@ def train(model: Any, ids: torch.Tensor) -> list[Any]:
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())
         if ids.device.type == "xla":
-            from workbench.backend import runtime
+            from workbench.backend.xla import runtime
 
             runtime.sync()
     return losses
 
 
 def one_family(model_type: str, mesh: Any, ids: torch.Tensor, lora: bool) -> dict[str, Any]:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.parallel.apply import shard_batch, shard_model
 
     cpu = [float(v) for v in train(build(model_type, lora), ids)]

@@ -52,7 +52,7 @@ def compiled_step_probe(
             return seen[batch_size]
         import torch
 
-        from workbench.backend import compile_log, runtime
+        from workbench.backend.xla import compile_log, runtime
         from workbench.models.inputs import model_inputs
 
         if compile_log.compile_memory_log_path() is None:
@@ -101,7 +101,7 @@ def step_model(cfg: Any, *, seq_len: int, gradient_checkpointing: bool = False, 
     checkpointing), else `gradient_checkpointing` per layer. ``cfg.quantize`` other than 'none'
     raises ValueError: a quantized base trains only under LoRA (trace the trainer's step with
     `compiled_program_memory` for that, as tests/xla/memory_quantized.py does)."""
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
     from workbench.models.attention_choice import (
         has_attention_dropout,
         has_softcap,
@@ -172,7 +172,7 @@ def compiled_step_memory(
     """
     import torch
 
-    from workbench.backend import compile_log, runtime
+    from workbench.backend.xla import compile_log, runtime
     from workbench.models.inputs import model_inputs
 
     if precision not in ("fp32", "bf16"):
@@ -241,7 +241,7 @@ def compiled_program_memory(
     weights and optimizer state count beside their inputs: a LoRA step's adapters and moments,
     measured 1% above the executed program's peak on a small LoRA step.
     """
-    from workbench.backend import compile_log, runtime
+    from workbench.backend.xla import compile_log, runtime
 
     if compile_log.compile_memory_log_path() is None:
         raise RuntimeError(

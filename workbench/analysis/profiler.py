@@ -13,9 +13,9 @@ predicted once from shapes (`workbench.analysis.advice`: `Advice` and the commun
 Each recompilation is explained (`workbench.analysis.recompiles`): the step's input signature
 (`step(..., inputs=batch)`: shapes and dtypes from tensor metadata, never the device) is
 diffed against those of the programs already compiled, and the Python frame that triggered
-the compile is read from torch_xla's compile log (`workbench.backend.compile_log`, on when
+the compile is read from torch_xla's compile log (`workbench.backend.xla.compile_log`, on when
 ``PT_XLA_DEBUG_LEVEL>=1`` and ``PT_XLA_DEBUG_FILE`` are set before the first compile; the `Trainer`
-switches it on), off XLA from torch.compile's (`workbench.backend.dynamo_compiles`), only when a counter rose.
+switches it on), off XLA from torch.compile's (`workbench.backend.native.dynamo_compiles`), only when a counter rose.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from workbench.analysis.communication import CommunicationReport
 from workbench.analysis.flops import mfu
 from workbench.analysis.metrics import INTERVAL_KEYS, OBJECTIVE_KEYS, IntervalMetrics, perplexity
 from workbench.analysis.recompiles import RecompileTracker, input_signatures
-from workbench.backend import compile_log, dynamo_compiles, runtime
+from workbench.backend.native import dynamo_compiles
+from workbench.backend.xla import compile_log, runtime
 
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo

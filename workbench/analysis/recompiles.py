@@ -4,10 +4,10 @@ Two facts are joined. The inputs: the debug output does not list input shapes, s
 input signature (name -> shape, dtype of every batch tensor, read from tensor metadata on the
 host, never from the device) is kept, and a step that compiled is diffed against the closest
 signature of the programs already compiled (the steps before it): which inputs changed shape
-or dtype. The place: torch_xla's own compilation analysis (`workbench.backend.compile_log`)
+or dtype. The place: torch_xla's own compilation analysis (`workbench.backend.xla.compile_log`)
 lists the Python frames that triggered each compile (on plain torch, a compiled native step's
 graphs are recorded with the stack and Dynamo's guard-failure reason by
-`workbench.backend.dynamo_compiles`); the first frame in user or workbench code
+`workbench.backend.native.dynamo_compiles`); the first frame in user or workbench code
 (not torch, torch_xla, transformers, the standard library or the runtime seam) is named.
 
 `RecompileTracker` does the bookkeeping for `workbench.analysis.profiler.StepProfiler`; each
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.backend.compile_log import CompileRecord, PythonFrame
+from workbench.backend.compile_records import CompileRecord, PythonFrame
 
 TensorSpec = tuple[tuple[int, ...], str]
 """(shape, dtype name) of one input tensor."""
@@ -170,22 +170,24 @@ _LIBRARY_DIRS = tuple(
     os.path.realpath(p) + os.sep
     for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
-_RUNTIME_SEAM = os.path.join("workbench", "backend", "runtime.py")
+_BACKEND_DIR = os.sep + os.path.join("workbench", "backend") + os.sep
+"""The execution backends (the torch_xla seam, the `Backend` implementations): they run a step, its
+caller chose when."""
 _WORKBENCH_DIR = os.sep + "workbench" + os.sep
 
 
 def is_library_frame(frame: PythonFrame) -> bool:
     """Frames of installed packages (torch, torch_xla, transformers, ...), the standard library,
-    Python's own (``<frozen ...>``) and the runtime seam's sync wrapper: never the cause to name."""
+    Python's own (``<frozen ...>``) and the execution backends' step boundaries: never the cause to name."""
     file = frame.file
-    if file.startswith("<") or file.endswith(_RUNTIME_SEAM):
+    if file.startswith("<") or _BACKEND_DIR in file:
         return True
     if _WORKBENCH_DIR in file:  # the workbench's own frames name its code, installed or not
         return False
     return os.sep + "site-packages" + os.sep in file or os.path.realpath(file).startswith(_LIBRARY_DIRS)
 
 
-_SYNC_WRAPPERS = frozenset({"sync", "mark_step"})
+_SYNC_WRAPPERS = frozenset({"sync", "mark_step", "step_boundary"})
 """Functions that only sync (``StepEngine.sync``, torch_xla's own): their caller chose when to compile."""
 
 
@@ -232,7 +234,7 @@ class Recompile:
     """This step's input signatures (empty when no inputs were given)."""
     records: tuple[CompileRecord, ...]
     """torch_xla's analyses of the programs compiled at this step (empty when the log is off), or the
-    records of the torch.compile graphs (`workbench.backend.dynamo_compiles`)."""
+    records of the torch.compile graphs (`workbench.backend.native.dynamo_compiles`)."""
     log_on: bool
 
     @property

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo

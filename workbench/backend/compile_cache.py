@@ -30,8 +30,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.backend import runtime
 from workbench.backend.hardware import HardwareInfo
+from workbench.backend.xla import runtime
 from workbench.config import ConfigError
 
 _FIELD = "train.compile_cache_dir"

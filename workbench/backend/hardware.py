@@ -25,9 +25,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
-from workbench.backend import routing, runtime
+from workbench.backend import routing
 from workbench.backend.torchtpu import plan as torchtpu_plan
 from workbench.backend.torchtpu.detect import find_torch_tpu
+from workbench.backend.xla import runtime
 from workbench.units import GB, GiB
 
 TFLOPS = 1e12

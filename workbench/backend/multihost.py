@@ -24,7 +24,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from workbench.backend import process_group, runtime
+from workbench.backend.native import process_group
+from workbench.backend.xla import runtime
 from workbench.units import nearby_multiples
 
 if TYPE_CHECKING:

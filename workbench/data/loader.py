@@ -57,7 +57,7 @@ def prewarm(
     so a loop that drops the step's outputs before syncing runs a different program and
     compiles again.
     """
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
 
     if not runtime.xla_imported():
         return 0

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workbench.backend import runtime
 from workbench.backend.multihost import shard_for_host
+from workbench.backend.xla import runtime
 from workbench.data import formats
 from workbench.data.corpus import CHAT_SAMPLE, embedded_corpus
 from workbench.data.file_errors import DataFileError, data_file_error, load_errors, record_error

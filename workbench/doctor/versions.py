@@ -263,7 +263,7 @@ def scan_check(packages: InstalledPackages) -> Check:
     ``shard_alike`` through ``call_jax``; that step fails without jax and torchax both (Colab's jax
     without torchax) and does not partition with torch_xla 2.8 and jax 0.7.2 (Kaggle's image), so the
     workbench always runs the plain backward and XLA's sharding propagation shards the gradients
-    (`workbench.backend.scan_support`). Read from metadata: nothing is imported.
+    (`workbench.backend.xla.scan_support`). Read from metadata: nothing is imported.
     """
     name = "scan on a mesh"
     xla, jax, torchax = (packages.version(n) for n in ("torch_xla", "jax", "torchax"))

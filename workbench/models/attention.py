@@ -15,7 +15,7 @@ their names (`workbench.models.attention_choice.use_attention`) runs them in eve
   The compiler's analysis (tests/xla/attention_memory.py: 4 heads, one 2048-token row, forward
   and backward) gives 197 MiB of temporaries eager and 54 MiB chunked for one layer, 270 and 64
   for two: eager adds each layer's 64 MiB of scores; chunked holds three 16 MiB block buffers.
-- **flash** (`FLASH`, TPU only): torch_xla's Pallas kernels (`workbench.backend.tpu_attention`);
+- **flash** (`FLASH`, TPU only): torch_xla's Pallas kernels (`workbench.backend.xla.tpu_attention`);
   what they cannot do (a logit softcap, a full 4-D mask, an odd length) falls back to chunked.
 
 Masks. transformers turns a 2-D mask into bool and hands it to the mask interface, and passes any
@@ -432,7 +432,7 @@ def flash_attention(
     """`FLASH`: torch_xla's Pallas flash attention on a TPU (splash for sliding windows under a
     mesh), k/v repeated to the query heads as the kernels need, compact masks as segment ids;
     `chunked_attention` for what the kernels cannot do (`flash_plan`). Same contract."""
-    from workbench.backend import tpu_attention
+    from workbench.backend.xla import tpu_attention
 
     if dropout and dropout > 0:
         raise ValueError(f"flash attention here does not do attention dropout (got {dropout})")

@@ -120,7 +120,7 @@ def enable_gradient_checkpointing(model: Any, *, xla: bool) -> None:
     if xla:
         import functools
 
-        from workbench.backend import runtime
+        from workbench.backend.xla import runtime
 
         fn = functools.partial(runtime.gradient_checkpoint_function(), use_reentrant=True)
         model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=fn)

@@ -227,7 +227,7 @@ def _layer_view(value: torch.Tensor, index: int) -> torch.Tensor:
     and optimizer state on the device. `workbench.train.state_io.host_tensors` reads the tag and
     fetches the stacked tensor itself (device data: a transfer, nothing compiled, no copy on the
     device), then slices it on the host."""
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
 
     base = value.detach()
     piece = base[index]

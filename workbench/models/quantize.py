@@ -20,7 +20,7 @@ the embedding table, a lookup, and stays in the training precision). GPT-2's pro
 How it computes (`QuantizedLinear`): the matmul runs in the activations' dtype (the autocast
 dtype under autocast) inside the step's graph, on every backend. int8 multiplies by the integer
 weight and scales the output (on XLA through torch_xla's ``quantized_matmul`` op, behind
-`workbench.backend.runtime`); int4 unpacks and dequantizes a layer's weight with plain torch ops
+`workbench.backend.xla.runtime`); int4 unpacks and dequantizes a layer's weight with plain torch ops
 (torch_xla's own int4 path reads the weight back to the host on every call). The backward pass
 (`QuantizedMatmul`) computes only the input's gradient and saves only the integer weight and
 its scales: never a full-precision copy of the weight, which would keep one per layer alive from
@@ -147,7 +147,7 @@ def dequantize_weight(
 def _int8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x @ W.T`` for int8 per-channel `weight`: multiply by the integers, then scale the output."""
     if x.device.type == "xla":
-        from workbench.backend import runtime
+        from workbench.backend.xla import runtime
 
         return runtime.quantized_matmul(x, weight, scale.float()).to(x.dtype)
     return (F.linear(x, weight.to(x.dtype)) * scale.float()).to(x.dtype)

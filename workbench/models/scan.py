@@ -352,7 +352,7 @@ class _ScanRun:
 
 
 def _scannable(hidden_states: torch.Tensor, kwargs: dict[str, Any]) -> bool:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
 
     if not runtime.is_xla_tensor(hidden_states) or _capturing_outputs():
         return False
@@ -375,7 +375,7 @@ def _capturing_outputs() -> bool:
 
 
 def _run_scanned(layers: ScannedLayers, hidden_states: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-    from workbench.backend import runtime
+    from workbench.backend.xla import runtime
 
     static = tuple(sorted((k, v) for k, v in kwargs.items() if isinstance(v, _STATIC_TYPES)))
     tensor_names = tuple(k for k in kwargs if not isinstance(kwargs[k], _STATIC_TYPES))

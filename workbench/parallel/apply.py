@@ -6,7 +6,7 @@ annotates every parameter with ``mark_sharding``, and each gradient like its par
 `shard_batch` moves a batch with dim 0 split over ``data x fsdp``; `batch_sharding` is the same
 split for the background device loader.
 
-Every torch_xla call goes through `workbench.backend.runtime`. Importing this module starts nothing.
+Every torch_xla call goes through `workbench.backend.xla.runtime`. Importing this module starts nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.models.layer_stack import LAYER_WILDCARD, stacked_parameter_names
 from workbench.parallel.mesh import BATCH_AXES, MeshSpec, axis_sizes_of, check_batch_size, device_grid
 from workbench.parallel.plan import ShardingReport, plan_sharding

@@ -9,7 +9,7 @@ returns the torch_xla mesh (a hybrid ICI x DCN mesh when `num_slices > 1`). `mes
 The batch splits over ``data x fsdp`` (`BATCH_AXES`): `batch_size_problem` is the one
 divisibility rule for batches, which `check_batch_size` and the memory estimate both apply.
 
-Every torch_xla call goes through `workbench.backend.runtime`. Importing this module starts nothing.
+Every torch_xla call goes through `workbench.backend.xla.runtime`. Importing this module starts nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.parallel.rules import ShardingError
 from workbench.units import nearby_multiples
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.generate import RowSharding
 from workbench.rl.metrics import RolloutFigures, RolloutLog, rollout_figures
 from workbench.train.stream import BatchInfo, HostStream

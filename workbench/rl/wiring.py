@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.rl.metrics import RolloutLog
 from workbench.rl.prompt_loader import PromptColumns, prompt_loader
 from workbench.rl.rollout import Rollouts, RolloutStream, row_sharding

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from workbench.backend import process_group
+from workbench.backend.native import process_group
 from workbench.model_dirs import STEP_DIR, checkpoint_written_at, files_damage, manifest_files
 from workbench.train.finite import NonFiniteStateError, first_non_finite
 from workbench.train.state_io import (

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.units import duration_or_none, format_duration
 
 SAFETY = 1.25

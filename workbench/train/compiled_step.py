@@ -12,7 +12,7 @@ clipping and the optimizer stay eager (on CUDA the optimizer is fused AdamW, `wo
   Dynamo's per-function cache limit is raised to cover them (past it Dynamo silently runs eager).
   Under DDP, Dynamo's DDP optimizer splits each shape's graph at the gradient buckets, and under
   FSDP2 at its hooks: several graphs per shape there, still bounded by the shapes.
-- **Forensics.** The graphs are compiled through `workbench.backend.dynamo_compiles.counting_backend`,
+- **Forensics.** The graphs are compiled through `workbench.backend.native.dynamo_compiles.counting_backend`,
   which counts them and records each one's cause (Dynamo's guard-failure reason) and stack, so the
   profiler explains a compile after warm-up as it does an XLA one (``recompile_causes``).
 - **The rule for 'auto'**: on with CUDA, off on the CPU. Measured on a 2-core CPU host
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from workbench.backend import dynamo_compiles
+from workbench.backend.native import dynamo_compiles
 
 BACKEND = "inductor"
 """The torch.compile backend of the compiled step (the tests use 'aot_eager': the same graphs and
@@ -68,7 +68,7 @@ def compile_wanted(setting: str, *, device: Any, xla: bool, objective: str) -> t
 class CompiledForward:
     """``torch.compile`` of the training forward: `model` through `objective` (``objective(model,
     batch)``) or, under torchrun, the wrapped step module (``step(batch)``), one static graph per
-    batch shape, counted by `workbench.backend.dynamo_compiles`."""
+    batch shape, counted by `workbench.backend.native.dynamo_compiles`."""
 
     def __init__(self, model: torch.nn.Module, objective: torch.nn.Module, *, wrapped: Any = None) -> None:
         import torch._dynamo

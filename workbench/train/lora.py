@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.backend import process_group
+from workbench.backend.native import process_group
 from workbench.model_dirs import BASE_MODEL_FILE
 from workbench.models.layer_stack import layer_weights_attached, per_layer_parameters
 from workbench.models.quantize import QuantizedLinear, logical_parameter_count, quantized_layers

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.config import WorkbenchConfig
 from workbench.data.loader import make_loader
 from workbench.data.preference import is_pair_dataset

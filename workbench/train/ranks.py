@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from workbench.backend import process_group
 from workbench.backend.hardware import HardwareError, HardwareInfo
+from workbench.backend.native import process_group
 from workbench.backend.torchtpu import plan as torchtpu_plan
 from workbench.parallel import torch_parallel
 from workbench.parallel.mesh import batch_size_problem

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.model_dirs import file_sha256
 from workbench.models.layer_stack import layer_slice_origin
 

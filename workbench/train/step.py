@@ -30,7 +30,9 @@ from typing import Any
 import torch
 
 from workbench.analysis.metrics import perplexity
-from workbench.backend import dynamo_compiles, runtime
+from workbench.backend.native import dynamo_compiles
+from workbench.backend.protocol import Batch
+from workbench.backend.xla import runtime
 from workbench.config import TrainConfig
 from workbench.parallel.torch_parallel import local_part
 from workbench.train.compiled_step import compiled_forward
@@ -38,8 +40,6 @@ from workbench.train.objective import CausalLMObjective
 from workbench.train.oom import halved_micro_batch
 from workbench.train.optim import init_optimizer_state
 from workbench.train.state import LoopState
-
-Batch = dict[str, torch.Tensor]
 
 
 class EvalLoss(float):

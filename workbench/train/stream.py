@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.data.bucket_choice import BucketChoice
 from workbench.data.loader import dataset_lengths, make_loader, training_epochs
 from workbench.data.preference import is_pair_dataset

@@ -36,9 +36,9 @@ from workbench.analysis.advice import run_communication
 from workbench.analysis.flops import training_flops_per_token
 from workbench.analysis.metrics import ROLLOUT_KEYS, IntervalMetrics, RunMetrics, perplexity
 from workbench.analysis.profiler import StepProfiler
-from workbench.backend import compile_log, runtime
 from workbench.backend.compile_cache import enable_compile_cache
 from workbench.backend.hardware import HardwareInfo, detect
+from workbench.backend.xla import compile_log, runtime
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
 from workbench.models.build import no_kv_cache

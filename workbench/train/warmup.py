@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from workbench.backend import runtime
+from workbench.backend.xla import runtime
 from workbench.data.bucket_choice import BucketChoice
 from workbench.data.buckets import round_up
 from workbench.data.loader import dataset_lengths, plan_for_config, prewarm, synthetic_batch

@@ -21,7 +21,7 @@ What the rest of the package may ask of the backend:
   `local_shard_shapes`, `local_shard_indices`
 - measurement: `compile_count`, `compile_time_s`, `transfer_count`, `execute_count`,
   `metrics_snapshot`, `clear_metrics`, `metrics_report`, `memory_info`
-- compiling: `compile_only`, `XLA_CPU_MEMORY_SCHEDULER`, `initialize_compile_cache`, `scan`, `counter_value` (torch_xla's compile log is read by `workbench.backend.compile_log`)
+- compiling: `compile_only`, `XLA_CPU_MEMORY_SCHEDULER`, `initialize_compile_cache`, `scan`, `counter_value` (torch_xla's compile log is read by `workbench.backend.xla.compile_log`)
 - training: `gradient_checkpoint_function`, `rng_state`, `set_rng_state`,
   `spmd_save_planner`, `spmd_load_planner`, `local_shards_to_cpu` (sharded checkpoints), `quantized_matmul` (int8 weights)
 - profiler: `profiler` (the module; TPU traces)
@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.backend import scan_support
+from workbench.backend.xla import scan_support
 
 # ---- looking without starting anything ---------------------------------------------
 
@@ -502,7 +502,7 @@ def scan(fn: Callable[..., Any], init: Any, xs: Any, *, remat: bool = False, pur
 def _scan_backward_without_jax_bridge() -> None:
     """Under SPMD torch_xla's (2.8, 2.9) scan backward ties gradient shardings with jax's ``shard_alike``
     through ``call_jax``; the plain backward runs instead on every stack and XLA's propagation shards
-    the gradients (why: `workbench.backend.scan_support`). Done once per process."""
+    the gradients (why: `workbench.backend.xla.scan_support`). Done once per process."""
     import torch_xla.experimental.scan as xla_scan_module
 
     if hasattr(xla_scan_module, "_backward_shard_alike"):

@@ -1,5 +1,5 @@
 """torch.compile's graphs on plain torch (CPU, CUDA): counted, timed and explained, as
-`workbench.backend.compile_log` does for torch_xla's programs.
+`workbench.backend.xla.compile_log` does for torch_xla's programs.
 
 `counting_backend` wraps a torch.compile backend (inductor by default): each graph Dynamo hands it is
 counted (`graphs_compiled`, `graph_compile_s`: this process's, like torch_xla's counters) and recorded
@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from workbench.backend.compile_log import CompileRecord, PythonFrame
+from workbench.backend.compile_records import CompileRecord, PythonFrame
 
 COMPILER = "dynamo"
 """The `CompileRecord.compiler` of a torch.compile graph."""
@@ -137,7 +137,7 @@ def reader() -> DynamoCompileReader:
 
 
 class DynamoCompileReader:
-    """`records()` read as they grow, with `workbench.backend.compile_log.CompileLogReader`'s interface:
+    """`records()` read as they grow, with `workbench.backend.xla.compile_log.CompileLogReader`'s interface:
     `new_records()` gives the graphs compiled since the last call (or `skip`)."""
 
     path = COMPILER

@@ -18,74 +18,12 @@ import re
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass
 
-from workbench.backend import runtime
+from workbench.backend.compile_records import CompiledMemory, CompileRecord, PythonFrame
+from workbench.backend.xla import runtime
 
 MAX_FRAMES = 32
 """Python frames torch_xla lists per compile (its default, 8, can stop inside transformers)."""
-
-
-@dataclass(frozen=True)
-class CompiledMemory:
-    """The XLA compiler's memory analysis of one compiled program (per device under SPMD).
-
-    Read from torch_xla's "Post Compilation Analysis", which prints the executable's
-    ``CompiledMemoryStats`` in GiB with six decimals: each field is exact to about 1 KiB.
-    """
-
-    argument_bytes: int
-    """Graph inputs (parameters, optimizer state, batch) the program reads."""
-    output_bytes: int
-    """Graph outputs."""
-    alias_bytes: int
-    """Outputs written in place over inputs (donated buffers: updated parameters and state)."""
-    temp_bytes: int
-    """Intermediate buffers (activations, gradients, temporaries), after XLA's buffer reuse."""
-    program_bytes: int
-    """Generated code."""
-
-    @property
-    def peak_bytes(self) -> int:
-        """Device memory the program needs while it runs: inputs + non-aliased outputs + temporaries."""
-        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
-
-
-@dataclass(frozen=True)
-class PythonFrame:
-    """One Python frame of the stack that triggered a compile, as torch_xla printed it."""
-
-    function: str
-    """The code object's name (``train_step``, ``<module>``), not its qualified name."""
-    file: str
-    line: int
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} ({self.function})"
-
-
-@dataclass(frozen=True)
-class CompileRecord:
-    """One compiled program, read from torch_xla's own analysis of it."""
-
-    cause: str | None
-    """torch_xla's "Compilation Cause" (e.g. ``user torch_xla.sync``, ``most likely user code
-    trying to access tensor value before torch_xla.sync``); None when it wrote no analysis
-    (a compile with no Python frame, e.g. from autograd's thread)."""
-    graph_hash: str | None
-    graph_name: str | None
-    graph_inputs: int | None
-    graph_outputs: int | None
-    frames: tuple[PythonFrame, ...]
-    """The Python stack that triggered the compile, innermost first."""
-    frames_truncated: bool
-    """torch_xla stopped listing frames at ``PT_XLA_DEBUG_MAX_FRAME``."""
-    computation_hash: str | None
-    memory: CompiledMemory | None
-    """The post-compilation memory analysis; None if torch_xla wrote none (a failed compile)."""
-    compiler: str = "torch_xla"
-    """Who compiled it: 'torch_xla' (this log), or 'dynamo' (a torch.compile graph on plain torch,
-    recorded by `workbench.backend.dynamo_compiles`)."""
 
 
 _POST_COMPILE_FIELDS = (
@@ -137,7 +75,7 @@ def start_run_log(xla: bool = True) -> list[str]:
         message = (
             f"compile log off: torch_xla compiled {runtime.compile_count()} program(s) in this process before the "
             "run could switch it on, so recompilations are reported without the frame that caused them. Call "
-            "workbench.backend.compile_log.enable_compile_log(path) (or set PT_XLA_DEBUG_LEVEL=1 and "
+            "workbench.backend.xla.compile_log.enable_compile_log(path) (or set PT_XLA_DEBUG_LEVEL=1 and "
             "PT_XLA_DEBUG_FILE) before the first XLA work in the process"
         )
         warnings.warn(message, RuntimeWarning, stacklevel=3)

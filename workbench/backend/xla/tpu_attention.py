@@ -1,6 +1,6 @@
 """TPU only: torch_xla's Pallas attention kernels, called in the workbench's mesh layout.
 
-The second module allowed to import torch_xla (after `workbench.backend.runtime`), and only inside
+The second module allowed to import torch_xla (after `workbench.backend.xla.runtime`), and only inside
 its functions: `workbench.models.attention.flash_attention` calls `flash` (causal flash attention
 with segment ids) or `splash` (a causal sliding window) after converting layouts, grouped-query
 heads and masks. Both kernels trace through JAX and lower to a TPU custom call: they do not run on

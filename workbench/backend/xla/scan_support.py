@@ -1,6 +1,6 @@
 """How the runtime's `scan` is set up: the backward partition, and the backward without torch_xla's JAX bridge.
 
-`workbench.backend.runtime.scan` calls torch_xla's ``scan``; this module holds the decisions
+`workbench.backend.xla.runtime.scan` calls torch_xla's ``scan``; this module holds the decisions
 around that call that need no torch_xla import, so they are tested on their own:
 
 - `scan_partition`: AOTAutograd's min-cut partition of a scanned body, at full activation budget

@@ -1,0 +1,219 @@
+"""The execution backend: what the training layer asks of the machine a run executes on.
+
+One small protocol in two parts, so the training layer (`workbench.train`, `workbench.rl`) never
+branches on which execution model it runs under:
+
+- `Backend`, the device: where tensors live and how batches reach it, what ends a step (a sync that
+  cuts and runs the traced graph, or nothing), how many programs have been compiled, autocast,
+  host copies, the device's RNG state, memory figures, the checkpoint planners of its tensors.
+  Implementations, each in its room: `xla.spmd.XlaSpmd` (torch_xla, one controller driving every
+  device of a mesh), `native.torch_native.NativeTorch` (plain torch on the CPU or CUDA, eager or
+  compiled with ``train.compile``), `torchtpu.backend.TorchTpu` (TorchTPU's ``tpu`` device, TPU-only).
+- `Replicas`, the data-parallel processes around it: this process's rows of a global batch, the
+  forward through the data-parallel wrapper, the gradient reduction on an accumulated step's last
+  micro-batch only, sums and norms over every replica, a decision the main process takes for all,
+  collective checkpoint writes. `OneProcess` is one process (torch_xla's SPMD is one process whatever
+  its mesh); torchrun's ranks are `workbench.train.ranks.RankTraining` (DDP and FSDP2 sit above
+  this layer, in `workbench.parallel.torch_parallel`).
+
+`backend_for(hw)` picks the `Backend` from detection's `HardwareInfo`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from workbench.backend.hardware import HardwareInfo
+
+Batch = dict[str, torch.Tensor]
+
+
+class Backend(ABC):
+    """The device a run executes on (see the module docstring)."""
+
+    name: str = ""
+    """What `info` and notices call it: 'torch_xla', 'native', 'torchtpu'."""
+    compiles_every_shape: bool = False
+    """Every new input shape is a compiled program (torch_xla): warm-up compiles every step and eval
+    shape, and a failed step is not retried (its input buffers may have been donated)."""
+    gspmd: bool = False
+    """One program spread over a mesh of devices by the compiler (``mesh.*`` places tensors)."""
+
+    def __init__(self, hw: HardwareInfo) -> None:
+        self.hw = hw
+
+    # ---- placement ----
+    @abstractmethod
+    def device(self) -> torch.device:
+        """The device this process puts tensors on (under SPMD the one the whole mesh sits behind)."""
+
+    @abstractmethod
+    def device_batches(
+        self, batches: Iterable[Batch], device: torch.device, *, sharding: Any = None
+    ) -> Iterator[Batch]:
+        """`batches` (host tensors) on `device`, copied ahead of use where the backend can."""
+
+    def close_batches(self, batches: Iterator[Batch]) -> None:
+        """Stop whatever copies batches in the background for a `device_batches` iterator."""
+        return None  # nothing to do here by default
+
+    def host_copies(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """`tensors` on the host, in as few transfers as the backend allows."""
+        return [t.detach().to("cpu") for t in tensors]
+
+    def place_like(self, parameter: torch.Tensor, state: torch.Tensor) -> None:
+        """Lay out an optimizer `state` tensor like its `parameter` (a no-op where placement follows)."""
+        return None  # nothing to do here by default
+
+    # ---- the step ----
+    def step_boundary(self) -> None:
+        """End a step's (or a batch's) work: torch_xla cuts and runs the traced graph; eager does nothing."""
+        return None  # nothing to do here by default
+
+    def wait(self) -> None:
+        """Return once the device has finished the work queued so far."""
+        return None  # nothing to do here by default
+
+    def autocast(self, precision: str) -> contextlib.AbstractContextManager:
+        """The autocast of a step under `precision` ('bf16-mixed': bf16 compute; else none)."""
+        if precision != "bf16-mixed":
+            return contextlib.nullcontext()
+        return torch.autocast(self.autocast_device_type(), dtype=torch.bfloat16)
+
+    def autocast_device_type(self) -> str:
+        return self.device().type
+
+    # ---- compiles ----
+    @abstractmethod
+    def compile_count(self) -> int:
+        """Programs (or graphs) compiled in this process so far."""
+
+    def start_compile_log(self) -> list[str]:
+        """Switch on the record of why each program compiles, for the recompile forensics; its notices."""
+        return []
+
+    # ---- state ----
+    def rng_state(self) -> dict[str, Any]:
+        """The device's RNG state beyond torch's CPU and CUDA generators (saved in checkpoints)."""
+        return {}
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore what `rng_state` returned (keys another backend wrote are ignored)."""
+        return None  # nothing to do here by default
+
+    def memory_in_use(self) -> dict[str, int] | None:
+        """Device memory in use and its limit (``bytes_used``, ``bytes_limit``), or None where unknown."""
+        return None
+
+    def checkpoint_planners(self) -> tuple[Any, Any] | None:
+        """(save planner, load planner) for torch.distributed.checkpoint of this device's sharded
+        tensors, or None for DCP's defaults."""
+        return None
+
+    def attention_kernels(self) -> tuple[str, ...]:
+        """The ``model.attention`` kernels this backend runs."""
+        return ("eager", "sdpa", "chunked")
+
+    def describe(self) -> str:
+        return f"{self.name} on {self.hw.backend}"
+
+
+class Replicas(ABC):
+    """The data-parallel processes of a run (see the module docstring); `OneProcess` is the trivial one."""
+
+    rank: int = 0
+    world_size: int = 1
+    is_main: bool = True
+    retries_failed_steps: bool = True
+    """Whether an out-of-memory step may be retried with smaller micro-batches (not across processes:
+    one retrying alone would leave the others in a collective)."""
+    gradient_scale: float = 1.0
+    """What undoes the data-parallel wrapper's averaging of gradients over the replicas."""
+    device: torch.device
+
+    @abstractmethod
+    def take_rows(self, batch: Batch, rows_per_example: int = 1) -> Batch:
+        """This process's share of a global batch's rows (a preference pair's two rows together)."""
+
+    @abstractmethod
+    def wrap(self, model: torch.nn.Module, objective: torch.nn.Module) -> None:
+        """Put the data-parallel wrapper around model and objective (before the optimizer is built)."""
+
+    @abstractmethod
+    def forward(self, model: torch.nn.Module, objective: torch.nn.Module, batch: Batch) -> Any:
+        """``objective(model, batch)``, through the wrapper where there is one."""
+
+    def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
+        """Gradients reduced over the replicas in this backward only when `enabled`."""
+        return contextlib.nullcontext()
+
+    def reduce_sums(self, sums: list[torch.Tensor]) -> None:
+        """Each 0-d tensor of `sums` replaced in place by its sum over the replicas."""
+        return None  # nothing to do here by default
+
+    def grad_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The global L2 norm of `grads`, summed in fp32 whatever their dtype."""
+        norms = torch.stack([torch.linalg.vector_norm(g, 2, dtype=torch.float32) for g in grads])
+        return torch.linalg.vector_norm(norms, 2)
+
+    def broadcast(self, value: Any) -> Any:
+        """The main process's `value`, on every process."""
+        return value
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every process's `value`, in rank order, on every process."""
+        return [value]
+
+    def barrier(self) -> None:
+        """Return once every process has reached it."""
+        return None  # nothing to do here by default
+
+    def report(self, model: torch.nn.Module, placed: Any) -> Any:
+        """What the run says about how `model` is laid out: `placed` (the single-controller placement's
+        report), or every rank's share."""
+        return placed
+
+    def finish(self, *, failed: bool = False) -> None:
+        """This process is done: the others stop waiting for it (or, `failed`, stop too)."""
+        return None  # nothing to do here by default
+
+    def describe(self) -> str:
+        return "one process"
+
+
+class OneProcess(Replicas):
+    """One process: every row is its own, sums and decisions are already global."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    @property
+    def device(self) -> torch.device:  # asked late: under SPMD, once the mesh is set up
+        return self.backend.device()
+
+    def take_rows(self, batch: Batch, rows_per_example: int = 1) -> Batch:
+        return batch
+
+    def wrap(self, model: torch.nn.Module, objective: torch.nn.Module) -> None:
+        return None
+
+    def forward(self, model: torch.nn.Module, objective: torch.nn.Module, batch: Batch) -> Any:
+        return objective(model, batch)
+
+
+def backend_for(hw: HardwareInfo) -> Backend:
+    """The `Backend` of detection's `hw`: torch_xla where it runs through XLA, TorchTPU on its ``tpu``
+    device, else plain torch."""
+    from workbench.backend.native.torch_native import NativeTorch
+    from workbench.backend.torchtpu.backend import TorchTpu
+    from workbench.backend.xla.spmd import XlaSpmd
+
+    kinds: dict[tuple[bool, str], type[Backend]] = {(True, b): XlaSpmd for b in ("tpu", "cuda", "cpu")}
+    kinds[(False, "tpu")] = TorchTpu
+    return kinds.get((hw.via_xla, hw.backend), NativeTorch)(hw)
