@@ -164,6 +164,31 @@ def open_lab_notebook_and_run_all(page: Any, base_url: str, notebook: str, works
     raise FrontendError(f"JupyterLab did not start running {notebook} after 6 clicks on Run All")
 
 
+LAB_CELLS_STATE = """() => [...document.querySelectorAll('.jp-NotebookPanel .jp-CodeCell')].map(c => ({
+    prompt: (c.querySelector('.jp-InputPrompt') || {}).innerText || '',
+    errors: [...c.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], .jp-RenderedText[data-mime-type="application/vnd.jupyter.error"]')].map(e => e.innerText.slice(-600)),
+}))"""
+
+
+def wait_for_lab_output(page: Any, locator: Any, *, timeout_s: float, what: str) -> None:
+    """Wait until `locator` is in the page (it may sit below the fold); a `FrontendError` that says
+    where each cell stands (prompts, the tail of any error output) when it does not come in time:
+    a slow kernel and a failed cell call for different fixes."""
+    try:
+        locator.wait_for(state="attached", timeout=timeout_s * 1000)
+    except Exception as err:  # playwright's TimeoutError
+        cells = page.evaluate(LAB_CELLS_STATE)
+        kernel = page.evaluate(
+            "() => (document.querySelector('.jp-Notebook-ExecutionIndicator') || {dataset: {}}).dataset.status"
+        )
+        lines = [
+            f"cell {i}: {c['prompt'].strip()} {' | '.join(c['errors'])}".rstrip() for i, c in enumerate(cells)
+        ]
+        raise FrontendError(
+            f"{what} did not appear in {timeout_s:.0f} s (kernel {kernel}):\n" + "\n".join(lines)
+        ) from err
+
+
 PLOT_STATE = """(title) => {
     const gd = [...document.querySelectorAll('.wb-live-plot')].find(g => g.dataset.name === title);
     if (!gd || !gd.wbLive) return null;

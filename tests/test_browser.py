@@ -24,6 +24,7 @@ from tests.browser_pages import (
     jupyterlab,
     open_lab_notebook_and_run_all,
     voila,
+    wait_for_lab_output,
     wait_until_drawn,
     write_notebook,
 )
@@ -247,7 +248,7 @@ def test_jupyterlab_page_open_before_the_run_draws_every_update(tmp_path):
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         open_lab_notebook_and_run_all(page, base, "live.ipynb", "live")
         more = page.locator(".wb-more button, button.wb-more").first
-        more.wait_for(state="attached", timeout=120_000)  # may sit below the fold
+        wait_for_lab_output(page, more, timeout_s=240, what="the 'more' button")
 
         state, missing = wait_until_drawn(page, TITLE, expected(range(1, 13), title=TITLE), timeout_s=30)
         assert not missing, f"updates missed on the JupyterLab page: {missing}"
@@ -258,7 +259,7 @@ def test_jupyterlab_page_open_before_the_run_draws_every_update(tmp_path):
 
         # A long run: the page holds at most max_points per trace and a later update still lands fast.
         one_more = page.locator(".wb-one-more button, button.wb-one-more").first
-        one_more.wait_for(state="attached", timeout=120_000)
+        wait_for_lab_output(page, one_more, timeout_s=240, what="the 'one more' button")
         long_expected = expected(range(1, 10_001), title=LONG_TITLE)
         state, missing = wait_until_drawn(page, LONG_TITLE, long_expected, timeout_s=60)
         assert not missing, missing

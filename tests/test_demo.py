@@ -246,6 +246,32 @@ def test_the_kernel_gets_curve_keys():
     assert "curve" in spec.metadata.get("supported_encryption", [])
 
 
+def test_shutting_the_kernel_down_sends_it_no_interrupt():
+    """An interrupt at shutdown can land in a message the idle kernel is handling, and ipykernel then
+    logs "KeyboardInterrupt caught in kernel" on the terminal: the demo's kernel manager sends none,
+    and the kernel still stops."""
+    import asyncio
+    import signal
+
+    async def shut_down() -> tuple[list[int], bool]:
+        km = demo.quiet_kernel_manager_class()(kernel_name="python3")
+        await km.start_kernel()
+        sent: list[int] = []
+        send = km.provisioner.send_signal
+
+        async def record(signum: int) -> None:
+            sent.append(signum)
+            await send(signum)
+
+        km.provisioner.send_signal = record
+        await km.shutdown_kernel()
+        return sent, await km.is_alive()
+
+    sent, alive = asyncio.run(shut_down())
+    assert signal.SIGINT not in sent, sent
+    assert not alive
+
+
 def test_without_chromium_the_last_line_says_how_to_get_the_screenshot(tmp_path, monkeypatch, capsys):
     """No Chromium on PATH: the demo still succeeds, and its last line names what to install and the
     command to run again, `make`'s under `make demo` (whose Makefile installs it), else the CLI's."""

@@ -77,6 +77,26 @@ def kernel_manager_config() -> Config:
     return config
 
 
+def quiet_kernel_manager_class() -> type:
+    """jupyter_client's `AsyncKernelManager`, except that shutting a kernel down sends it no SIGINT.
+
+    jupyter_client interrupts a kernel before asking it to shut down. papermill shuts the kernel down
+    after the last cell, when it is idle, but it may still be handling a message (a widget's comm
+    message): the interrupt lands there and ipykernel logs "KeyboardInterrupt caught in kernel" on its
+    stderr, the terminal's. An idle kernel needs no interrupt to shut down; a kernel that does not
+    answer is still terminated and then killed by jupyter_client's own escalation.
+    """
+    from jupyter_client import AsyncKernelManager
+
+    class QuietShutdownKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
+
+    return QuietShutdownKernelManager
+
+
 def find_chromium() -> str | None:
     """The Chromium (or Chrome) binary on PATH, if any."""
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
@@ -168,6 +188,7 @@ def run_demo(
             log_output=False,
             store_widget_state=False,
             config=kernel_manager_config(),
+            kernel_manager_class=quiet_kernel_manager_class(),
         )
     except papermill.PapermillExecutionError as err:
         print(
