@@ -68,7 +68,6 @@ print(repr(tokenizer.decode(answer)[:300]))
 # %%
 from workbench.analysis import estimate
 
-
 def memory(mode: str) -> float:
     est = estimate(cfg.model, batch_size=batch_size, seq_len=max_length, precision=cfg.train.precision,
                    lora_rank=lora_rank, quantize=mode, memory_bytes=hw.memory_per_device_bytes)

@@ -131,6 +131,49 @@ def test_torch_xla_is_imported_only_behind_the_runtime_seam():
     )
 
 
+TRAINING_LAYER = ("train", "rl")
+"""Packages of `workbench` that run on any execution backend without asking which one it is."""
+EXECUTION_MODEL_WORDS = ("xla", "ranks")
+
+
+def _names_in(test: ast.AST) -> list[str]:
+    """Every identifier, attribute and string a condition reads."""
+    names = []
+    for node in ast.walk(test):
+        if isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.append(node.value)
+    return names
+
+
+def _conditions(tree: ast.Module) -> list[ast.AST]:
+    found: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            found.append(node.test)
+        elif isinstance(node, ast.comprehension):
+            found.extend(node.ifs)
+        elif isinstance(node, ast.Match):
+            found.append(node.subject)
+    return found
+
+
+def test_the_training_layer_never_branches_on_the_execution_model():
+    """`workbench.train` and `workbench.rl` ask the backend (`workbench.backend.protocol`: `Backend`,
+    `Replicas`) instead of testing whether they run on torch_xla or across torchrun's ranks."""
+    wrong = []
+    for package in TRAINING_LAYER:
+        for path in sorted((REPO / "workbench" / package).rglob("*.py")):
+            for test in _conditions(ast.parse(path.read_text())):
+                named = [n for n in _names_in(test) if any(w in n.lower() for w in EXECUTION_MODEL_WORDS)]
+                if named:
+                    wrong.append(f"{path.relative_to(REPO)}:{test.lineno}: {ast.unparse(test)}")
+    assert not wrong, "the training layer branches on the execution model:\n" + "\n".join(wrong)
+
+
 def test_the_headless_package_never_imports_ui_code():
     wrong = [
         f"{path.relative_to(REPO)}:{line} imports {target}"

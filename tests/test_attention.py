@@ -313,7 +313,7 @@ def test_auto_reason_and_explicit_choices():
     with pytest.raises(ValueError, match=r"model.attention='fast' is not allowed: expected one of 'auto'"):
         resolve_attention("fast", device_type="cpu", is_tpu=False, seq_len=2048)
     heard = []
-    hw = types.SimpleNamespace(device_string="xla", backend="cpu")
+    hw = types.SimpleNamespace(device_string="xla", backend="cpu", via_xla=True)
     assert choose_attention("auto", hw, seq_len=4096, notice=heard.append) == "chunked"
     assert heard and "4096-token rows" in heard[0]
     assert choose_attention("eager", hw, seq_len=4096, notice=heard.append) == "eager" and len(heard) == 1

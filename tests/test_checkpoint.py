@@ -103,6 +103,31 @@ def test_state_that_is_not_a_dict_of_string_keys_is_named(tmp_path):
         manager.save(1, {3: torch.zeros(1)})
 
 
+def test_a_sharded_manager_without_the_runs_backend_is_refused_naming_the_fix(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"sharded=True needs the run's backend.*replicas=OneProcess\(backend\)"
+    ):
+        CheckpointManager(tmp_path, sharded=True)
+
+
+def test_rng_written_on_one_backend_resumes_on_another(tmp_path):
+    """The device's RNG state sits beside the host's under its backend's own key (torch_xla's seed as
+    "xla"): a checkpoint written on another backend restores the host's RNGs and leaves that key alone."""
+    from workbench.backend.hardware import detect
+    from workbench.backend.protocol import backend_for
+
+    host = backend_for(detect("cpu"))
+    torch.manual_seed(5)
+    state = capture_rng(host)
+    assert set(state) <= {"python", "numpy", "torch", "cuda"}
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, {"rng": {**state, "xla": 12345}})  # as torch_xla's backend writes it
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    restore_rng(manager.load()["rng"], host)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_rng_capture_restore_replays_the_same_numbers(tmp_path):
     manager = CheckpointManager(tmp_path)
     torch.manual_seed(3)
@@ -210,3 +235,9 @@ def test_finiteness_check_reads_a_shard_without_its_padding(dcp_checkpoint):
     written: the padding of an uneven split is not the state, a value inside the shard is."""
     assert dcp_checkpoint["padding_rows"] > 0 and dcp_checkpoint["padding_ignored"]
     assert dcp_checkpoint["non_finite_found"] == ["model/u", float("inf")]
+
+
+@pytest.mark.xla
+def test_the_xla_seed_is_captured_under_its_own_key_and_restored(dcp_checkpoint):
+    assert dcp_checkpoint["rng_seed_is_an_int"] and dcp_checkpoint["rng_seed_restored"]
+    assert dcp_checkpoint["rng_seed_kept_by_a_host_state"]

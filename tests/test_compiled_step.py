@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from tests.test_train import tiny_cfg, token_dataset
+from workbench.backend.hardware import HardwareInfo
+from workbench.backend.protocol import Backend, backend_for
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.train import Trainer, compiled_step
 from workbench.train.compiled_step import compile_wanted
@@ -81,15 +83,24 @@ def test_a_shape_warm_up_did_not_cover_is_explained_with_its_cause_and_place(run
     assert advice and "step.py" in advice[0]
 
 
+def _backend(kind: str, *, via_xla: bool = False) -> Backend:
+    """The run's backend for detection's answer: plain torch on `kind`, or torch_xla on it (nothing
+    here starts a device: `compile_wanted` reads the backend's device type and capabilities alone)."""
+    hw = HardwareInfo(kind, via_xla, kind.upper(), kind, 1, 1, 1, 0, None, None, 1, "local")  # type: ignore[arg-type]
+    return backend_for(hw)
+
+
 def test_auto_compiles_on_cuda_only_and_xla_ignores_on_with_a_notice():
-    assert compile_wanted("auto", device="cuda", xla=False, objective="sft") == (True, [])
-    assert compile_wanted("auto", device="cpu", xla=False, objective="sft") == (False, [])
-    assert compile_wanted("on", device="cpu", xla=False, objective="dpo") == (True, [])
-    assert compile_wanted("off", device="cuda", xla=False, objective="sft") == (False, [])
-    wanted, notices = compile_wanted("on", device="xla", xla=True, objective="sft")
+    cuda, cpu, xla = _backend("cuda"), _backend("cpu"), _backend("cpu", via_xla=True)
+    assert compile_wanted("auto", backend=cuda, objective="sft") == (True, [])
+    assert compile_wanted("auto", backend=cpu, objective="sft") == (False, [])
+    assert compile_wanted("on", backend=cpu, objective="dpo") == (True, [])
+    assert compile_wanted("off", backend=cuda, objective="sft") == (False, [])
+    wanted, notices = compile_wanted("on", backend=xla, objective="sft")
     assert not wanted and len(notices) == 1 and "XLA" in notices[0]
-    assert compile_wanted("auto", device="xla", xla=True, objective="sft") == (False, [])
-    wanted, notices = compile_wanted("on", device="cuda", xla=False, objective="grpo")
+    assert compile_wanted("auto", backend=xla, objective="sft") == (False, [])
+    assert compile_wanted("auto", backend=_backend("cuda", via_xla=True), objective="sft") == (False, [])
+    wanted, notices = compile_wanted("on", backend=cuda, objective="grpo")
     assert not wanted and "GRPO" in notices[0]
 
 

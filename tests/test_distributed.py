@@ -811,9 +811,12 @@ def test_a_precomputed_dpo_reference_is_every_pairs_own_on_every_rank(tmp_path):
     """The 'precompute' pass indexes its results by the whole batch's pairs: under torchrun it must run
     on every row (it once ran on the rank's rows only, and each pair got another pair's log-probs)."""
     from tests.preference_data import learnable_pairs, write_jsonl
+    from workbench.backend.hardware import detect
+    from workbench.backend.protocol import OneProcess, backend_for
     from workbench.config import WorkbenchConfig
     from workbench.data.records import build_datasets
     from workbench.train.preference import REFERENCE_COLUMNS, precompute_reference
+    from workbench.train.ranks import RankTraining
     from workbench.train.stream import TrainingData
 
     source = write_jsonl(learnable_pairs(12, seed=0), tmp_path / "pairs.jsonl")
@@ -825,11 +828,20 @@ def test_a_precomputed_dpo_reference_is_every_pairs_own_on_every_rank(tmp_path):
     objective = SimpleNamespace(
         logps=lambda model, batch: (batch["input_ids"] * batch["labels"].ne(-100)).sum(1).float()
     )
+    backend = backend_for(detect("cpu"))
+    # a process alone, and each of two ranks' shares (their process group is not needed to cut rows)
+    replicas = {
+        None: OneProcess(backend),
+        **{
+            (rank, 2): RankTraining(
+                process_group.ProcessGroup(rank, 2, rank, "gloo"), RankMesh(2, 1), torch.device("cpu"), "fp32"
+            )
+            for rank in (0, 1)
+        },
+    }
     columns = {}
-    for rows in (None, (0, 2), (1, 2)):
-        data = TrainingData(
-            cfg, pairs, None, pad_token_id=0, dp_size=1, device="cpu", xla=False, rank_rows=rows
-        )
+    for rows, replica in replicas.items():
+        data = TrainingData(cfg, pairs, None, pad_token_id=0, dp_size=1, backend=backend, replicas=replica)
         precompute_reference(
             objective, torch.nn.Linear(1, 1), data, autocast=contextlib.nullcontext, notice=print
         )
@@ -907,11 +919,39 @@ def test_a_one_process_checkpoint_loads_into_fsdp2s_dtensors(tmp_path, one_rank_
         assert torch.equal(live.state_dict()[name].full_tensor(), value), name
 
 
+def test_ranks_write_their_live_shards_through_dcp_and_one_process_reads_them(tmp_path, one_rank_group):
+    """Across torchrun's ranks (`RankTraining`) every part holding tensors goes to DCP as the live DTensors,
+    on the training thread (the write is collective); one process reads it back whole, and the ranks into
+    FSDP2's DTensors."""
+    from torch.distributed.fsdp import fully_shard
+
+    from workbench.config import WorkbenchConfig
+    from workbench.train.ranks import RankTraining
+
+    ranks = RankTraining(
+        process_group.current(), rank_mesh(WorkbenchConfig().mesh, 1), torch.device("cpu"), "fp32"
+    )
+    torch.manual_seed(0)
+    saved = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2))
+    fully_shard(saved, mesh=one_rank_group)
+    manager = CheckpointManager(tmp_path, replicas=ranks)
+    assert not manager.store.background
+    path = manager.save(2, {"model": saved.state_dict(), "step": 2})
+    assert (path / "model.dcp" / ".metadata").is_file() and not (path / "model.safetensors").exists()
+    whole = {name: t.full_tensor() for name, t in saved.state_dict().items()}
+    host = CheckpointManager(tmp_path).load(path)["model"]
+    assert all(torch.equal(host[name], value) for name, value in whole.items())
+    live = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2))
+    fully_shard(live, mesh=one_rank_group)
+    manager.load(path, into={"model": live.state_dict()})
+    assert all(torch.equal(live.state_dict()[name].full_tensor(), value) for name, value in whole.items())
+
+
 def test_torchrun_ranks_on_an_xla_device_that_does_not_join_them_are_refused(monkeypatch):
     """torchrun with an XLA device ran every rank as a whole run of its own (all printing, all writing one
     checkpoint directory): refused, naming what works; one plain process on XLA is untouched."""
     from workbench.backend.hardware import HardwareError
-    from workbench.train.ranks import refuse_lone_xla_ranks
+    from workbench.backend.xla.spmd import refuse_lone_xla_ranks
 
     xla_cpu = SimpleNamespace(backend="cpu", via_xla=True, num_processes=1)
     refuse_lone_xla_ranks(xla_cpu)  # no launcher: the SPMD path as before

@@ -451,6 +451,8 @@ def host_training_state(
     variant: str, stacked: bool, *, seed: int, adapter_seed: int | None = None, optimizer: str = "adamw"
 ) -> Any:
     """A `TrainingState` on the host (what the Trainer checkpoints) around `build`'s model."""
+    from workbench.backend.hardware import detect
+    from workbench.backend.protocol import backend_for
     from workbench.train.objective import CausalLMObjective, LossChunking
     from workbench.train.state import LoopState, TrainingState
 
@@ -459,7 +461,8 @@ def host_training_state(
     built = build_optimizer(model, train)
     init_optimizer_state(built)
     objective = CausalLMObjective(LossChunking(0))
-    return TrainingState(model, objective, built, warmup_cosine(built, train), LoopState(), False)
+    host = backend_for(detect("cpu"))
+    return TrainingState(model, objective, built, warmup_cosine(built, train), LoopState(), host)
 
 
 def train_two_steps(state: Any) -> Any:

@@ -99,11 +99,14 @@ def _adamw_steps(optimizer: torch.optim.Optimizer, model: torch.nn.Module, steps
 
 @pytest.mark.parametrize("saved_fused", [True, False], ids=["fused-to-host", "host-to-fused"])
 def test_a_checkpoint_of_fused_adamw_resumes_with_host_counters_and_back(tmp_path, saved_fused):
+    from workbench.backend.hardware import detect
+    from workbench.backend.protocol import backend_for
     from workbench.train.checkpoint import CheckpointManager
     from workbench.train.optim import warmup_cosine
     from workbench.train.state import LoopState, TrainingState
 
     cfg = WorkbenchConfig().with_overrides({"train.learning_rate": 0.01, "train.weight_decay": 0.1})
+    host = backend_for(detect("cpu"))
 
     def run(fused: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer, TrainingState]:
         torch.manual_seed(0)
@@ -111,7 +114,7 @@ def test_a_checkpoint_of_fused_adamw_resumes_with_host_counters_and_back(tmp_pat
         optimizer = build_optimizer(model, cfg.train, fused=fused)
         init_optimizer_state(optimizer)
         state = TrainingState(
-            model, torch.nn.Module(), optimizer, warmup_cosine(optimizer, cfg.train), LoopState(), False
+            model, torch.nn.Module(), optimizer, warmup_cosine(optimizer, cfg.train), LoopState(), host
         )
         return model, optimizer, state
 

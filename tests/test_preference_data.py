@@ -310,6 +310,8 @@ def _pair_dataset(n: int):
 
 
 def test_loader_batches_pairs_and_shapes_count_collated_rows():
+    from workbench.backend.hardware import detect
+    from workbench.backend.protocol import OneProcess, backend_for
     from workbench.train.stream import TrainingData
 
     cfg = WorkbenchConfig().with_overrides(
@@ -317,7 +319,10 @@ def test_loader_batches_pairs_and_shapes_count_collated_rows():
     )
     train, held = _pair_dataset(40), _pair_dataset(7)
     assert is_pair_dataset(train)
-    stream = TrainingData(cfg, train, held, pad_token_id=0, dp_size=1, device="cpu", xla=False)
+    backend = backend_for(detect("cpu"))
+    stream = TrainingData(
+        cfg, train, held, pad_token_id=0, dp_size=1, backend=backend, replicas=OneProcess(backend)
+    )
     shapes = stream.shapes(4, train)
     assert shapes and all(rows == 8 for rows, _ in shapes)
     loader, _ = stream.loader(train, 4)

@@ -274,20 +274,21 @@ def test_torchtpu_is_not_offered_torch_xla_s_pallas_flash_attention():
 
 
 def test_mesh_model_on_torchtpu_is_refused_in_one_line_naming_what_to_use(monkeypatch):
+    from workbench.backend.protocol import OneProcess, backend_for
     from workbench.config import ConfigError
-    from workbench.train.ranks import RankTraining
+    from workbench.train.ranks import start_replicas
 
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     cfg = WorkbenchConfig()
     cfg.mesh.model = 2
     with pytest.raises(ConfigError) as err:
-        RankTraining.start(cfg, _hw("tpu", chip="v6e"))
+        start_replicas(cfg, backend_for(_hw("tpu", chip="v6e")))
     message = str(err.value)
     assert message.startswith("mesh.model=2 is not supported on TorchTPU") and "\n" not in message
     assert "mesh.fsdp" in message and "mesh.data" in message and "torch_xla" in message
     cfg.mesh.model = 1  # data and fsdp are TorchTPU's (DTensor meshes); one process without torchrun
-    assert RankTraining.start(cfg, _hw("tpu", chip="v6e")) is None
+    assert isinstance(start_replicas(cfg, backend_for(_hw("tpu", chip="v6e"))), OneProcess)
 
 
 def test_a_launch_on_a_torchtpu_host_refuses_mesh_model_before_any_rank_starts(google_site, monkeypatch):

@@ -164,8 +164,10 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
     with notices_as_lines():  # data loading's notices (the format found, records left out) too
         train_ds, eval_ds, tokenizer = build_datasets(cfg)
         trainer = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=eval_ds, hardware=hw)
-    if trainer.ranks is not None:  # what each rank holds of the model
-        multihost.print_on_main(f"ranks: {trainer.ranks.describe()}\n" + "\n".join(trainer.sharding_report))
+    if trainer.replicas.world_size > 1:  # what each rank holds of the model
+        multihost.print_on_main(
+            f"ranks: {trainer.replicas.describe()}\n" + "\n".join(trainer.sharding_report)
+        )
     with notices_as_lines():  # a damaged newest checkpoint is moved aside with a notice
         latest = (
             trainer.checkpoints.latest() if trainer.checkpoints is not None and cfg.train.resume else None

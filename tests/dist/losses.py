@@ -61,7 +61,6 @@ def fingerprint(ids: Any) -> list[int]:
 
 
 def train(name: str) -> dict[str, Any]:
-    from workbench.backend.native import process_group
     from workbench.config import WorkbenchConfig
     from workbench.train import Trainer
 
@@ -81,24 +80,24 @@ def train(name: str) -> dict[str, Any]:
         return forward(batch, objective)
 
     trainer.engine._forward = recording
-    ranks = trainer.ranks
+    replicas = trainer.replicas  # torchrun's ranks, or this process alone
     syncs: list[bool] = []  # per training micro-batch: whether its backward was to reduce gradients
-    if ranks is not None:
-        gradient_sync = ranks.gradient_sync
+    gradient_sync = replicas.gradient_sync
 
-        def recording_sync(enabled: bool) -> Any:
-            syncs.append(bool(enabled))
-            return gradient_sync(enabled)
+    def recording_sync(enabled: bool) -> Any:
+        syncs.append(bool(enabled))
+        return gradient_sync(enabled)
 
-        ranks.gradient_sync = recording_sync
+    replicas.gradient_sync = recording_sync
     try:
         result = trainer.fit()
-        every_rank = process_group.gather_objects(rows) if ranks is not None else [rows]
+        every_rank = replicas.gather(rows)
     finally:
         trainer.close()  # its watchdog stops; the next scenario's Trainer reuses the process group
+    layout = getattr(replicas, "layout", None)  # RankTraining's mesh over the ranks
     return {
-        "strategy": ranks.layout.strategy if ranks is not None else "single",
-        "world_size": ranks.world_size if ranks is not None else 1,
+        "strategy": layout.strategy if layout is not None else "single",
+        "world_size": replicas.world_size,
         "losses": [m["loss"] for m in result.history],
         "grad_norms": [m["grad_norm"] for m in result.history],
         "eval_losses": [m["eval_loss"] for m in result.history if m["eval_loss"] is not None],

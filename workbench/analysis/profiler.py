@@ -3,8 +3,9 @@
 `StepProfiler` is called once per optimizer step; every `log_every` steps it returns one
 metrics dict, the `IntervalMetrics` of `workbench.analysis.metrics` (speed, MFU from
 `workbench.analysis.flops`, compiles, transfers, memory, input wait). Between log intervals it
-touches only host-side counters (torch_xla's metrics, a clock), never a device tensor, so it
-forces no device sync; at the log interval it reads the loss once (one device->host transfer).
+touches only host-side counters (the execution backend's, `workbench.backend.protocol.Backend`:
+torch_xla's metrics or Dynamo's graphs; a clock), never a device tensor, so it forces no device
+sync; at the log interval it reads the loss once (one device->host transfer).
 It keeps the history (JSON/CSV export) and turns what it saw into `Advice`: recompilation
 after warm-up, a device->host transfer every step, low MFU, memory near the limit, steps
 waiting on input, and on a mesh of several devices the communication of a step: its collectives
@@ -15,7 +16,8 @@ Each recompilation is explained (`workbench.analysis.recompiles`): the step's in
 diffed against those of the programs already compiled, and the Python frame that triggered
 the compile is read from torch_xla's compile log (`workbench.backend.xla.compile_log`, on when
 ``PT_XLA_DEBUG_LEVEL>=1`` and ``PT_XLA_DEBUG_FILE`` are set before the first compile; the `Trainer`
-switches it on), off XLA from torch.compile's (`workbench.backend.native.dynamo_compiles`), only when a counter rose.
+switches it on), off XLA from torch.compile's (`workbench.backend.native.dynamo_compiles`), only when a
+counter rose: the backend's `compile_reader`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
@@ -35,8 +36,7 @@ from workbench.analysis.communication import CommunicationReport
 from workbench.analysis.flops import mfu
 from workbench.analysis.metrics import INTERVAL_KEYS, OBJECTIVE_KEYS, IntervalMetrics, perplexity
 from workbench.analysis.recompiles import RecompileTracker, input_signatures
-from workbench.backend.native import dynamo_compiles
-from workbench.backend.xla import compile_log, runtime
+from workbench.backend.protocol import Backend, backend_for
 
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo
@@ -68,6 +68,8 @@ class StepProfiler:
     order of the 1-D tensor `step` takes as ``stats``; the eval's come as ``eval_loss.stats``.
     `communication`: the run's step collectives (`run_communication`), or a function returning them,
     called once at the first `advice()`; on a mesh of several devices the advice says what they cost.
+    `backend`: the run's execution backend, whose counters, compile records and memory figures are read
+    (default: `backend_for(hw)`).
     """
 
     low_mfu_threshold = 0.2
@@ -87,6 +89,7 @@ class StepProfiler:
         sync_at_log: bool = True,
         stat_names: Sequence[str] = (),
         communication: CommunicationReport | Callable[[], CommunicationReport | None] | None = None,
+        backend: Backend | None = None,
     ) -> None:
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
             raise ValueError(f"log_every={log_every!r} is not allowed: an int >= 1")
@@ -104,25 +107,22 @@ class StepProfiler:
         self._communication = communication
         self._communication_advice: list[Advice] | None = None
         self.history: list[dict[str, Any]] = []
-        self._xla = hw.via_xla if hw is not None else runtime.xla_imported()
-        self._cuda = hw is not None and hw.backend == "cuda" and not hw.via_xla
-        self._device_memory_unavailable = not (self._xla or self._cuda) or (
-            hw is not None and hw.backend == "cpu"
-        )
+        self.backend = backend if backend is not None else backend_for(hw)
+        # the CPU reports no device memory (XLA:CPU's runtime fails when asked): never ask it
+        self._device_memory_unavailable = hw is not None and hw.backend == "cpu"
         self._step = 0
         self._tokens_seen = 0
         self._start = time.perf_counter()
         self.recompiles = RecompileTracker()
         """The input signatures seen and each recompilation with its cause."""
-        self._compile_log: Any = compile_log.CompileLogReader() if self._xla else dynamo_compiles.reader()
-        self._program_peak: tuple[tuple[str, int] | None, int | None] = (None, None)
+        self._compile_log: Any = self.backend.compile_reader()
         self._open_interval(self._start, self._counters())
 
     # ---- the clock and counters ----
     def _counters(self) -> tuple[int, float, int]:
-        if not self._xla:
-            return dynamo_compiles.graphs_compiled(), dynamo_compiles.graph_compile_s(), 0
-        return runtime.compile_count(), runtime.compile_time_s(), runtime.transfer_count()
+        """(programs compiled, seconds compiling, device->host transfers) so far in this process."""
+        backend = self.backend
+        return backend.compile_count(), backend.compile_time_s(), backend.transfer_count()
 
     def _open_interval(self, now: float, counters: tuple[int, float, int]) -> None:
         self._interval_start = now
@@ -218,8 +218,8 @@ class StepProfiler:
         loss_value = _to_float(loss)
         grad_norm_value = _to_float(grad_norm)
         figures = self._objective_figures(stats, eval_loss)
-        if loss_value is None and self._xla and self.sync_at_log:
-            runtime.wait_device_ops()
+        if loss_value is None and self.sync_at_log:
+            self.backend.wait()
         now = time.perf_counter()
         after_read = self._counters()
         c0, t0, x0 = self._interval_counters
@@ -250,7 +250,7 @@ class StepProfiler:
             "interval_s": interval,
             "input_wait_s": self._interval_wait,
             "input_wait_fraction": self._interval_wait / interval,
-            "compiled_program_bytes": self._compiled_program_bytes(),
+            "compiled_program_bytes": self.backend.compiled_program_bytes(),
             "recompile_steps": [r.step for r in in_interval],
             "recompile_causes": [r.describe() for r in in_interval],
             "grad_norm": grad_norm_value,
@@ -276,26 +276,11 @@ class StepProfiler:
         limit = self.memory_limit_bytes
         if self._device_memory_unavailable:
             return None, limit
-        if self._cuda:
-            import torch
-
-            used = int(torch.cuda.memory_allocated())
-            return used, limit or (self.hw.memory_per_device_bytes if self.hw else None)
-        info = runtime.memory_info()
+        info = self.backend.memory_in_use()
         if info is None:  # the backend cannot say (XLA:CPU): stop asking
             self._device_memory_unavailable = True
             return None, limit
         return info["bytes_used"], limit or info["bytes_limit"] or None
-
-    def _compiled_program_bytes(self) -> int | None:
-        path = compile_log.compile_memory_log_path() if self._xla else None
-        if path is None or not os.path.exists(path):
-            return None
-        size = os.path.getsize(path)
-        if self._program_peak[0] != (path, size):  # the log grows only when a program compiles
-            records = compile_log.compiled_memory_records(path)
-            self._program_peak = ((path, size), max((r.peak_bytes for r in records), default=None))
-        return self._program_peak[1]
 
     # ---- advice ----
     def advice(self) -> list[Advice]:

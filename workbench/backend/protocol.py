@@ -22,6 +22,7 @@ branches on which execution model it runs under:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,11 @@ class Backend(ABC):
 
     def __init__(self, hw: HardwareInfo) -> None:
         self.hw = hw
+
+    def joins_torchrun(self, cfg: Any) -> bool:
+        """Whether this process joins torchrun's ranks when torchrun started it (a config the backend
+        cannot run across them is refused here)."""
+        return True
 
     # ---- placement ----
     @abstractmethod
@@ -94,9 +100,25 @@ class Backend(ABC):
     def compile_count(self) -> int:
         """Programs (or graphs) compiled in this process so far."""
 
+    def compile_time_s(self) -> float:
+        """Seconds this process has spent compiling them (0.0 where the backend does not time its compiles)."""
+        return 0.0
+
     def start_compile_log(self) -> list[str]:
         """Switch on the record of why each program compiles, for the recompile forensics; its notices."""
         return []
+
+    def compile_reader(self) -> Any:
+        """A reader of the compile records from now on (`new_records`, `skip`; `path` None while off), or None."""
+        return None
+
+    def compiled_program_bytes(self) -> int | None:
+        """The most memory any program compiled so far needs (the compile log's peak); None where unlogged."""
+        return None
+
+    def transfer_count(self) -> int:
+        """Device->host transfers in this process so far (0 where the backend does not count them)."""
+        return 0
 
     # ---- state ----
     def rng_state(self) -> dict[str, Any]:
@@ -115,6 +137,17 @@ class Backend(ABC):
         """(save planner, load planner) for torch.distributed.checkpoint of this device's sharded
         tensors, or None for DCP's defaults."""
         return None
+
+    def mesh_sharded(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` is laid out over a mesh of devices by the compiler (GSPMD), so that a
+        checkpoint writes its local shards (`local_shards_to_host`) rather than one host copy."""
+        return False
+
+    def local_shards_to_host(self, tensors: Sequence[torch.Tensor]) -> list[Any]:
+        """Each of `tensors` (`mesh_sharded` ones) as its local shards copied to the host in one transfer,
+        in the form this backend's checkpoint save planner writes; a tensor of a backend without a mesh
+        is its own one shard, a host copy."""
+        return self.host_copies(tensors)
 
     def attention_kernels(self) -> tuple[str, ...]:
         """The ``model.attention`` kernels this backend runs."""
@@ -136,6 +169,9 @@ class Replicas(ABC):
     gradient_scale: float = 1.0
     """What undoes the data-parallel wrapper's averaging of gradients over the replicas."""
     device: torch.device
+    wrapped: Any = None
+    """The data-parallel wrapper `wrap` put around model and objective (``wrapped(batch, objective=)``),
+    which a compiled step compiles in their place; None where there is none."""
 
     @abstractmethod
     def take_rows(self, batch: Batch, rows_per_example: int = 1) -> Batch:
@@ -190,8 +226,16 @@ class Replicas(ABC):
 class OneProcess(Replicas):
     """One process: every row is its own, sums and decisions are already global."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend | None = None) -> None:
         self.backend = backend
+        """None: a process that only takes part in checkpoints (`is_main`, `broadcast`, ...) written or read
+        outside a run (an export, `workbench.train.start`, a test); its tensors are wherever they are."""
+
+    @property
+    def retries_failed_steps(self) -> bool:  # type: ignore[override]
+        return (
+            self.backend is None or not self.backend.compiles_every_shape
+        )  # an XLA step may have donated its inputs
 
     @property
     def device(self) -> torch.device:  # asked late: under SPMD, once the mesh is set up
@@ -207,13 +251,28 @@ class OneProcess(Replicas):
         return objective(model, batch)
 
 
-def backend_for(hw: HardwareInfo) -> Backend:
+def host_copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`tensors` on the host whatever device each is on, for a caller that holds no `Backend` (an export,
+    a checkpoint): torch_xla's tensors in one batched transfer, as `Backend.host_copies` of torch_xla's
+    backend, any other copied as it is."""
+    from workbench.backend.xla import runtime
+
+    return runtime.fetch_to_host(tensors)
+
+
+def backend_for(hw: HardwareInfo | None) -> Backend:
     """The `Backend` of detection's `hw`: torch_xla where it runs through XLA, TorchTPU on its ``tpu``
-    device, else plain torch."""
+    device, else plain torch. None (a caller told no hardware): this process's CPU, through torch_xla once
+    the process imported it (nothing is detected, no runtime started)."""
     from workbench.backend.native.torch_native import NativeTorch
     from workbench.backend.torchtpu.backend import TorchTpu
     from workbench.backend.xla.spmd import XlaSpmd
 
+    if hw is None:
+        from workbench.backend.hardware import detect
+        from workbench.backend.xla import runtime
+
+        hw = dataclasses.replace(detect("cpu"), via_xla=runtime.xla_imported())
     kinds: dict[tuple[bool, str], type[Backend]] = {(True, b): XlaSpmd for b in ("tpu", "cuda", "cpu")}
     kinds[(False, "tpu")] = TorchTpu
     return kinds.get((hw.via_xla, hw.backend), NativeTorch)(hw)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from workbench.backend.protocol import backend_for
 from workbench.models.attention import CHUNKED, FLASH, QUERY_CHUNK, query_chunk, register_attention
 from workbench.models.build import transformers_config_of
 
@@ -125,7 +126,8 @@ def choose_attention(
     kernel, reason = resolve_attention(
         setting,
         device_type=hw.device_string,
-        is_tpu=hw.backend == "tpu" and hw.via_xla,  # the Pallas flash kernels are torch_xla's, not TorchTPU's
+        # the Pallas flash kernels are torch_xla's on a TPU (not TorchTPU's): the backend lists them
+        is_tpu="flash" in backend_for(hw).attention_kernels(),
         seq_len=seq_len,
         softcap=has_softcap(config),
         dropout=has_attention_dropout(config),

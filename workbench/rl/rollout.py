@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.backend.protocol import Backend
 from workbench.backend.xla import runtime
 from workbench.generate import RowSharding
 from workbench.rl.metrics import RolloutFigures, RolloutLog, rollout_figures
@@ -55,7 +56,7 @@ def row_sharding(mesh: Any, device: Any) -> RowSharding:
     sizes = axis_sizes_of(mesh)
 
     def place(tensor: torch.Tensor) -> torch.Tensor:
-        on_device = tensor if runtime.is_xla_tensor(tensor) else tensor.to(device)
+        on_device = tensor.to(device)  # the tensor itself when it is there already
         runtime.mark_sharding(on_device, mesh, batch_spec(on_device.dim(), sizes))
         return on_device
 
@@ -75,7 +76,7 @@ class Rollouts:
         *,
         pad_token_id: int,
         rows_sharding: RowSharding,
-        xla: bool,
+        backend: Backend,
         mesh: Any = None,
     ) -> None:
         self.model, self.tokenizer, self.grpo, self.rewards = model, tokenizer, grpo, rewards
@@ -83,7 +84,7 @@ class Rollouts:
         self.reads = 0
         """Host reads of completions so far (`completions`): the metrics' ``expected_transfers``."""
         """`workbench.rl.prompt_loader.PromptColumns` of the prompts being rolled out."""
-        self.pad_token_id, self.place, self.xla, self.mesh = pad_token_id, rows_sharding, xla, mesh
+        self.pad_token_id, self.place, self.backend, self.mesh = pad_token_id, rows_sharding, backend, mesh
         from workbench.generation_controls import eos_ids
 
         # as `generate` ends a row: the model's generation config (a chat model's end-of-turn ids),
@@ -125,7 +126,7 @@ class Rollouts:
                 lengths=replicated(rollout.lengths + 0, self.mesh),
                 finished=replicated(rollout.finished.logical_and(rollout.finished), self.mesh),
             )
-            runtime.sync()  # one small program (compiled in warm-up): the gathers
+            self.backend.step_boundary()  # one small program (compiled in warm-up): the gathers
         return read_rollout(rollout)
 
     def score(self, indices: list[int], token_ids: list[list[int]]) -> Any:
@@ -184,9 +185,10 @@ class Rollouts:
         }
         if self.grpo.num_iterations > 1:  # the sampler's log-probs: the policy that sampled them
             batch["old_logps"] = rollout.logps
-        if self.xla and self.grpo.mask_truncated_completions:
-            # the mask as device data, so each of a rollout's mu steps runs the same training program
-            runtime.sync()
+        if self.grpo.mask_truncated_completions:
+            # the mask as device data (a traced backend runs it now), so each of a rollout's mu steps
+            # runs the same training program
+            self.backend.step_boundary()
         return batch
 
 
@@ -225,8 +227,8 @@ class RolloutStream:
         slot = self._served % self.grad_accum
         if slot == 0:
             new_round = (self._served // self.grad_accum) % self.iterations == 0
-            if new_round and self.rollouts.xla:
-                runtime.wait_device_ops()  # the last step's device time is the step's, not the rollout's
+            if new_round:
+                self.rollouts.backend.wait()  # the last step's device time is the step's, not the rollout's
             self.step_ended()
             if new_round:
                 self._round = []  # a new round of rollouts for the next mu optimizer steps

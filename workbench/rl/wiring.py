@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from workbench.backend.xla import runtime
 from workbench.rl.metrics import RolloutLog
 from workbench.rl.prompt_loader import PromptColumns, prompt_loader
 from workbench.rl.rollout import Rollouts, RolloutStream, row_sharding
@@ -46,8 +45,8 @@ class RolloutData(TrainingData):
         self.generations = int(grpo.num_generations)
         self.log = RolloutLog()
         """The rollouts' figures and training seconds since the last log step."""
-        place = row_sharding(mesh, self.device) if self.xla else row_sharding(None, self.device)
-        common = dict(pad_token_id=self.pad_token_id, rows_sharding=place, xla=self.xla, mesh=mesh)
+        place = row_sharding(mesh, self.device)  # a mesh is torch_xla's SPMD: elsewhere None
+        common = dict(pad_token_id=self.pad_token_id, rows_sharding=place, backend=self.backend, mesh=mesh)
         self.rollouts = Rollouts(
             model, tokenizer, grpo, rewards, PromptColumns(self.train_dataset, tokenizer), **common
         )
@@ -136,7 +135,7 @@ def grpo_objective(trainer: Any) -> torch.nn.Module:
     else:
         rewards = RewardSet.from_config(grpo)
     data = RolloutData(trainer.data, trainer.model, trainer.tokenizer, rewards, trainer.mesh)
-    if trainer.xla and cfg.bucketing.max_buckets == "auto":
+    if trainer.backend.compiles_every_shape and cfg.bucketing.max_buckets == "auto":
         data.cfg = data.cfg.with_overrides({"bucketing.max_buckets": AUTO_PROMPT_BUCKETS})
         trainer._notice(
             f"bucketing.max_buckets auto: GRPO does not time its steps to choose, so at most "
@@ -150,7 +149,7 @@ def grpo_objective(trainer: Any) -> torch.nn.Module:
 def check_grpo_run(trainer: Any) -> None:
     """What a GRPO run refuses: torchrun ranks, a teacher, rows that do not split over the mesh."""
     cfg = trainer.cfg
-    if trainer.ranks is not None:
+    if trainer.replicas.world_size > 1:
         raise ValueError(
             "train.objective='grpo' runs in one process (XLA with SPMD meshes, one GPU or the CPU); "
             "under torchrun it is not supported: launch without --nproc"
@@ -226,8 +225,7 @@ def warm_up_grpo(trainer: Any) -> int:
     finally:
         warmup.restore(engine, snap)
         data.take_reads()  # the warm-up's reads are not the first interval's
-    if trainer.xla:
-        runtime.wait_device_ops()
+    trainer.backend.wait()
     return engine.compile_count() - before
 
 

@@ -10,13 +10,15 @@ A checkpoint is one directory ``<root>/step-00000120/`` holding
   back where they were;
 - ``manifest.json``: size and SHA-256 of every other file, written last.
 
-Under SPMD (``sharded=True``) the tensors of each part go through `torch.distributed.checkpoint`
-with torch_xla's SPMD planners instead (``<part>.dcp/``): each device's shard is written
-as it is, and loading writes shards straight into the already-sharded destination tensors.
-Under torchrun (``across_ranks=True``) every part holding tensors goes through DCP's default
+Which parts take which format is the run's `checkpoint_store.TensorStore`, chosen by its
+`Replicas`. Under SPMD (``sharded=True``) the tensors of a part sharded over the mesh go through
+`torch.distributed.checkpoint` with the backend's planners instead (``<part>.dcp/``): each
+device's shard is written as it is, and loading writes shards straight into the already-sharded
+destination tensors. Across torchrun's ranks every part holding tensors goes through DCP's default
 planners, every rank writing its own shards (FSDP2) or one copy of replicated tensors (DDP) into
-the same directory; the main rank writes the index files and renames it into place. DCP reshards
-on load, so such a checkpoint resumes with any number of processes, one included.
+the same directory; the main rank writes the index files and renames it into place, the ranks
+meeting through the `Replicas` (`broadcast`, `gather`, `barrier`). DCP reshards on load, so such a
+checkpoint resumes with any number of processes, one included.
 DCP keeps its index in a pickle; we read it with torch's weights-only unpickler
 restricted to DCP's metadata classes, never with `pickle.load`.
 
@@ -40,15 +42,15 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from workbench.backend.native import process_group
+from workbench.backend.protocol import OneProcess, Replicas
 from workbench.model_dirs import STEP_DIR, checkpoint_written_at, files_damage, manifest_files
+from workbench.train.checkpoint_store import HostSnapshot, store_for
 from workbench.train.finite import NonFiniteStateError, first_non_finite
 from workbench.train.state_io import (
     FORMAT_VERSION,
@@ -60,18 +62,12 @@ from workbench.train.state_io import (
     fsync_dir,
     fsync_file,
     full_tensor,
-    host_shards,
-    host_tensors,
-    is_sharded_xla,
-    load_dcp,
     load_dcp_to_host,
     load_safetensors,
-    save_dcp,
     save_safetensors,
     sha256,
     shard_like,
     unflatten_state,
-    unique_tensors,
 )
 
 MANIFEST = "manifest.json"
@@ -92,24 +88,6 @@ _TMP_PREFIX = ".tmp-"
 _MOVED_ASIDE = re.compile(r"^\.tmp-old-(step-\d{8,})-[0-9a-f]{8}$")
 
 
-# ---- files -----------------------------------------------------------------------------------
-
-
-@dataclass
-class HostSnapshot:
-    """A checkpoint's state on the host, as `CheckpointManager.snapshot` copied it from the devices."""
-
-    step: int
-    structure: dict[str, Any] = field(default_factory=dict)
-    """Each part's JSON structure (`flatten_state`): where its tensors go back."""
-    files: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-    """Parts written as safetensors: their host tensors by key."""
-    sharded: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Parts written through DCP: their tensors' local shards on the host (`host_shards`)."""
-    aliases: dict[str, dict[str, str]] = field(default_factory=dict)
-    """A DCP part's every key -> the key of the tensor written for it (tied weights are written once)."""
-
-
 # ---- the manager -------------------------------------------------------------------------------
 
 
@@ -118,9 +96,11 @@ class CheckpointManager:
 
     `state` is a nested dict, typically ``{"model": ..., "optimizer": ..., "scheduler": ...,
     "sampler": ..., "rng": ..., "step": int}``. Each top-level entry holding tensors gets its
-    own weights file. With ``sharded=True`` (SPMD), top-level entries that hold sharded XLA
-    tensors are written through torch.distributed.checkpoint; loading those needs `into=`,
-    the live state whose (sharded) tensors receive the values.
+    own weights file. With ``sharded=True`` (SPMD), top-level entries that hold tensors sharded
+    over the mesh are written through torch.distributed.checkpoint; loading those needs `into=`,
+    the live state whose (sharded) tensors receive the values. `replicas`: the run's processes
+    (None: this process alone, its tensors wherever they are); several save together (collective:
+    all call `save`).
     """
 
     def __init__(
@@ -129,7 +109,7 @@ class CheckpointManager:
         keep: int = 2,
         *,
         sharded: bool = False,
-        across_ranks: bool = False,
+        replicas: Replicas | None = None,
         refuse_non_finite: bool = False,
     ) -> None:
         if keep < 1:
@@ -137,8 +117,10 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep = int(keep)
         self.sharded = bool(sharded)
-        self.across_ranks = bool(across_ranks)
-        """Every rank of a torchrun launch saves together (collective: all call `save`)."""
+        self.replicas = replicas or OneProcess()
+        """The processes that save together; the main one alone repairs, indexes and renames."""
+        self.store = store_for(self.replicas, sharded=self.sharded)
+        """What each part's tensors become: host copies, a mesh's local shards, every rank's live shards."""
         self.refuse_non_finite = bool(refuse_non_finite)
         """`write` raises `NonFiniteStateError` (writing nothing) for a state holding inf or nan."""
 
@@ -152,7 +134,7 @@ class CheckpointManager:
         """
         if not self.root.is_dir():
             return []
-        if self._main():  # across ranks one rank repairs the directory, never two racing to rename
+        if self.replicas.is_main:  # across ranks one rank repairs the directory, never two racing to rename
             self._restore_moved_aside()
         found = []
         for entry in self.root.iterdir():
@@ -164,11 +146,8 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         """The most recently written complete checkpoint, or None. Across ranks it is the main rank's
         answer (collective: every rank asks), so no rank loads a checkpoint the others do not."""
-        found = self.checkpoints() if self._main() else []
-        path = found[-1] if found else None
-        if self.across_ranks:
-            path = process_group.broadcast_object(path)
-        return path
+        found = self.checkpoints() if self.replicas.is_main else []
+        return self.replicas.broadcast(found[-1] if found else None)
 
     def newest_verified(self, notice: Callable[[str], None]) -> Path | None:
         """The most recently written checkpoint that verifies, or None when there is none; each newer
@@ -177,7 +156,7 @@ class CheckpointManager:
         Hashes only as far back as the first that verifies. `NoCheckpointVerifiesError` when every one
         was damaged. Across ranks the main rank checks and moves; every rank gets its answer."""
         path, moved = None, []
-        if self._main():
+        if self.replicas.is_main:
             for candidate in reversed(self.checkpoints()):
                 try:
                     self.verify(candidate)
@@ -186,8 +165,7 @@ class CheckpointManager:
                     continue
                 path = candidate
                 break
-        if self.across_ranks:
-            path, moved = process_group.broadcast_object((path, moved))
+        path, moved = self.replicas.broadcast((path, moved))
         if path is None and moved:
             raise NoCheckpointVerifiesError(
                 f"no checkpoint under {str(self.root)!r} verifies: each was moved aside and kept ({', '.join(moved)}; "
@@ -203,11 +181,6 @@ class CheckpointManager:
         fsync_dir(self.root)
         notice(f"{err}: moved aside as {aside.name} (kept, not deleted); a resume looks at the one before it")
         return aside.name
-
-    def _main(self) -> bool:
-        """Whether this process does what only one rank of a torchrun launch may (always, off torchrun)."""
-        group = process_group.current() if self.across_ranks else None
-        return group is None or group.is_main
 
     def path_for(self, step: int) -> Path:
         """Where checkpoint `step` is (or will be, once written)."""
@@ -248,17 +221,8 @@ class CheckpointManager:
                     f"state key {part!r} is not allowed: use letters, digits, '_', '-', '.'"
                 )
             snap.structure[part], tensors = flatten_state(value)
-            if not tensors:
-                continue
-            spmd = self.sharded and any(is_sharded_xla(t) for t in tensors.values())
-            if spmd or self.across_ranks:
-                unique = unique_tensors(tensors)  # tied weights written once, as `load_dcp` reads them
-                written_as = {id(t): key for key, t in unique.items()}
-                snap.aliases[part] = {key: written_as[id(t)] for key, t in tensors.items()}
-                # across ranks the write is synchronous: DCP reads the live (sharded) tensors itself
-                snap.sharded[part] = unique if self.across_ranks else host_shards(unique)
-            else:
-                snap.files[part] = host_tensors(tensors, copy=copy)
+            if tensors:
+                self.store.copy_part(snap, part, tensors, copy=copy)
         snap.structure = json.loads(json.dumps(snap.structure))  # a copy: later changes to `state` stay out
         return snap
 
@@ -267,15 +231,13 @@ class CheckpointManager:
         to the newest `keep`. Touches no device: it runs on a background thread while training goes on.
         Across ranks every rank calls it: each writes its shards, the main rank the rest."""
         self._refuse_non_finite(snap)
-        main = self._main()
+        main = self.replicas.is_main
         if main:
             self.root.mkdir(parents=True, exist_ok=True)
             self._remove_stale_temporaries()
         final = self.path_for(snap.step)
-        tmp_name = f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}"
-        if self.across_ranks:
-            tmp_name = process_group.broadcast_object(tmp_name)  # one directory for every rank's files
-        tmp = self.root / tmp_name
+        # one directory for every rank's files: the main rank names it
+        tmp = self.root / self.replicas.broadcast(f"{_TMP_PREFIX}{final.name}-{uuid.uuid4().hex[:8]}")
         if main:
             tmp.mkdir()
         try:
@@ -286,8 +248,7 @@ class CheckpointManager:
             raise
         if main:
             self._prune(keep_path=final)
-        if self.across_ranks:  # nobody reads the checkpoint before it is in place
-            process_group.barrier()
+        self.replicas.barrier()  # nobody reads the checkpoint before it is in place
         return final
 
     def _refuse_non_finite(self, snap: HostSnapshot) -> None:
@@ -295,9 +256,9 @@ class CheckpointManager:
         holds inf or nan (`workbench.train.finite`); across ranks every rank raises if any found one."""
         if not self.refuse_non_finite:
             return
-        found = first_non_finite({**snap.files, **snap.sharded})
-        if self.across_ranks:  # a save is collective: every rank stops, or none
-            found = next((f for f in process_group.gather_objects(found) if f is not None), None)
+        # a save is collective: every rank stops, or none
+        found_by_each = self.replicas.gather(first_non_finite({**snap.files, **snap.sharded}))
+        found = next((each for each in found_by_each if each is not None), None)
         if found is not None:
             raise NonFiniteStateError(snap.step, *found)
 
@@ -306,10 +267,9 @@ class CheckpointManager:
         parts: dict[str, str] = {}
         digests: dict[str, str] = {}
         files = dict(snap.files)
-        if self.across_ranks:
-            process_group.barrier()  # the directory exists for every rank
+        self.replicas.barrier()  # the directory exists for every rank
         for part, shards in snap.sharded.items():
-            if save_dcp(shards, tmp / f"{part}.dcp", across_ranks=self.across_ranks):
+            if self.store.write_dcp(shards, tmp / f"{part}.dcp"):
                 parts[part] = "dcp"
             else:
                 files[part] = {key: full_tensor(shards[unique]) for key, unique in snap.aliases[part].items()}
@@ -471,7 +431,7 @@ class CheckpointManager:
                     tensors = shard_like(tensors, flatten_state(into[part])[1])
             elif kind == "dcp" and into is not None and part in into:
                 _, targets = flatten_state(into[part])
-                load_dcp(targets, path / f"{part}.dcp")
+                self.store.load_dcp(targets, path / f"{part}.dcp")
                 tensors = targets
             elif kind == "dcp":  # no live destinations: whole host tensors, each tied key put back
                 written = load_dcp_to_host(path / f"{part}.dcp")

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from workbench.backend.xla import runtime
+from workbench.backend.protocol import Backend
 from workbench.units import duration_or_none, format_duration
 
 SAFETY = 1.25
@@ -53,29 +53,32 @@ def check_time_limit(limit: float | str | None, checkpoint_dir: str | None) -> N
 
 class ThroughputClock:
     """Real tokens per second of training: from the end of the first step, less evals and saves
-    (whose time, and on XLA whose compiles, are kept apart from the training steps')."""
+    (whose time, and whose compiles, are kept apart from the training steps'). Compiles are the
+    `backend`'s count: XLA's programs, or on plain torch the compiled step's graphs (an eval or a save
+    compiles none of those there)."""
 
-    def __init__(self, xla: bool) -> None:
-        self.xla, self.start, self.tokens, self.paused_s, self.paused_compiles = xla, None, 0, 0.0, 0
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.start: float | None = None
+        self.tokens, self.paused_s, self.paused_compiles = 0, 0.0, 0
 
     def step_done(self, tokens: int) -> None:
         if self.start is None:
-            # XLA runs a step asynchronously after its sync: wait for the first one, once per run,
+            # XLA (and CUDA) run a step asynchronously: wait for the first one, once per run,
             # or its tail would be billed to the timed steps.
-            if self.xla:
-                runtime.wait_device_ops()
+            self.backend.wait()
             self.start = time.perf_counter()
         else:
             self.tokens += tokens
 
     def paused(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` (an eval, a save) outside the timed window."""
-        start, compiles = time.perf_counter(), runtime.compile_count() if self.xla else 0
+        start, compiles = time.perf_counter(), self.backend.compile_count()
         try:
             return fn()
         finally:
             self.paused_s += time.perf_counter() - start
-            self.paused_compiles += runtime.compile_count() - compiles if self.xla else 0
+            self.paused_compiles += self.backend.compile_count() - compiles
 
     def tokens_per_s(self, end: float) -> float | None:
         elapsed = end - self.start - self.paused_s if self.start is not None else 0.0

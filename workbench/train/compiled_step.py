@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from workbench.backend.native import dynamo_compiles
+from workbench.backend.protocol import Backend
 
 BACKEND = "inductor"
 """The torch.compile backend of the compiled step (the tests use 'aot_eager': the same graphs and
@@ -47,10 +48,11 @@ MIN_CACHED_GRAPHS = 64
 shapes times the batch sizes dynamic growth reaches; warm-up raises it further when it sees more."""
 
 
-def compile_wanted(setting: str, *, device: Any, xla: bool, objective: str) -> tuple[bool, list[str]]:
-    """Whether ``train.compile`` = `setting` compiles the step on `device`, and the notices saying why not
-    where the user asked for it ('on')."""
-    if xla:
+def compile_wanted(setting: str, *, backend: Backend, objective: str) -> tuple[bool, list[str]]:
+    """Whether ``train.compile`` = `setting` compiles the step on `backend`, and the notices saying why not
+    where the user asked for it ('on'). A backend that compiles every shape (torch_xla) has nothing
+    to gain from it."""
+    if backend.compiles_every_shape:
         notices = ["train.compile: on is not read on XLA, which compiles every step already"] * (
             setting == "on"
         )
@@ -62,7 +64,7 @@ def compile_wanted(setting: str, *, device: Any, xla: bool, objective: str) -> t
         return False, notices * (setting == "on")
     if setting == "on":
         return True, []
-    return torch.device(device).type == "cuda", []
+    return torch.device(backend.device()).type == "cuda", []
 
 
 class CompiledForward:
@@ -100,14 +102,14 @@ def compiled_forward(
     model: torch.nn.Module,
     objective: torch.nn.Module,
     *,
-    device: Any,
-    xla: bool,
+    backend: Backend,
     objective_name: str,
     wrapped: Any = None,
 ) -> tuple[CompiledForward | None, list[str]]:
-    """The run's `CompiledForward` when ``train.compile`` = `setting` compiles here (`compile_wanted`),
-    else None; with its notices, warned once here (the trainer's result lists them)."""
-    wanted, notices = compile_wanted(setting, device=device, xla=xla, objective=objective_name)
+    """The run's `CompiledForward` when ``train.compile`` = `setting` compiles on `backend`
+    (`compile_wanted`), else None; with its notices, warned once here (the trainer's result lists
+    them). `wrapped`: the data-parallel wrapper to compile in place of `objective` (under torchrun)."""
+    wanted, notices = compile_wanted(setting, backend=backend, objective=objective_name)
     step = CompiledForward(model, objective, wrapped=wrapped) if wanted else None
     if step is not None:
         notices.append(

@@ -59,7 +59,6 @@ from workbench.models.inputs import model_inputs
 from workbench.models.lm_head import LMHead, chunked_sums, next_token_labels
 from workbench.train.lora import is_lora
 from workbench.train.objective import ChunkPlan, LossChunking, Notice, shift_for_next_token
-from workbench.train.step import autocast_for
 
 STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp")
 """The sums a DPO step reports beside its loss, averaged over pairs: `workbench.analysis.metrics` keys."""
@@ -406,7 +405,7 @@ def preference_objective(trainer: Any, chunking: LossChunking, place: Callable[.
             objective,
             trainer.model,
             trainer.data,
-            autocast=lambda: autocast_for(cfg.train.precision, trainer.device, trainer.xla),
+            autocast=lambda: trainer.data.backend.autocast(cfg.train.precision),
             notice=trainer._notice,
         )
     return objective
@@ -461,8 +460,7 @@ def precompute_reference(
                 # every row, on every rank under torchrun: `order` names the whole batch's pairs, and
                 # each rank's stream later takes its own rows of them (the model is not sharded yet)
                 outputs.append(objective.logps(model, data.to_device(batch, whole=True)))
-            if data.xla:
-                runtime.sync()
+            data.backend.step_boundary()
             order.extend(indices)
         logps = torch.cat(outputs).cpu().view(-1, 2).numpy()  # the one read
         columns = np.zeros((len(dataset), 2), dtype=np.float64)

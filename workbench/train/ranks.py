@@ -1,16 +1,16 @@
 """Training across torchrun's ranks: what the trainer and its step engine ask of them.
 
-`RankTraining.start(cfg, hw)` joins the launch's process group (None when torchrun did not start
-this process), refuses a config that differs between ranks, lays ``mesh.data x mesh.fsdp`` over
-the ranks (`workbench.parallel.torch_parallel`) and starts the watchdog that names a dead rank.
-Then:
+`start_replicas(cfg, backend)` is the run's `Replicas` (`workbench.backend.protocol`): `OneProcess`
+off torchrun and under torch_xla's SPMD, else `RankTraining.start`, which joins the launch's process
+group, refuses a config that differs between ranks, lays ``mesh.data x mesh.fsdp`` over the ranks
+(`workbench.parallel.torch_parallel`) and starts the watchdog that names a dead rank. Then:
 
 - **Data.** Every rank runs the same sampler over the whole dataset and keeps its own equal slice
   of rows of each loaded batch (`take_rows`): the global batch is exactly the one a single process
   would train on, and every rank takes the same number of steps (no rank waits at a collective
   for a batch another never loads).
 - **The step.** `wrap` puts DDP or FSDP2 around the model and objective; `forward` runs a
-  micro-batch through it; `gradient_sync(last)` lets only the last micro-batch of an accumulated
+  micro-batch through it (the wrapper ran the model it was given); `gradient_sync(last)` lets only the last micro-batch of an accumulated
   step reduce gradients.
 - **Sums.** `reduce_sums` adds the loss sums and real-token counts of every rank, so gradients are
   scaled by the global count (times `gradient_scale`: DDP and FSDP2 average over the ranks) and the
@@ -21,34 +21,31 @@ Then:
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from workbench.backend.hardware import HardwareError, HardwareInfo
+from workbench.backend.hardware import HardwareInfo
 from workbench.backend.native import process_group
-from workbench.backend.torchtpu import plan as torchtpu_plan
+from workbench.backend.protocol import Backend, Batch, OneProcess, Replicas
 from workbench.parallel import torch_parallel
 from workbench.parallel.mesh import batch_size_problem
 from workbench.parallel.torch_parallel import ObjectiveStep, RankMesh
 from workbench.units import duration_or_none
 
 
-def take_rows(
-    batch: dict[str, torch.Tensor], rank: int, ranks: int, *, rows_per_example: int = 1
-) -> dict[str, torch.Tensor]:
+def take_rows(batch: Batch, rank: int, world: int, *, rows_per_example: int = 1) -> Batch:
     """Rank `rank`'s equal share of `batch`'s rows (a preference pair's two rows stay together)."""
     rows = int(batch["input_ids"].shape[0])
     examples = rows // rows_per_example
-    if examples % ranks:
+    if examples % world:
         what = "pairs" if rows_per_example == 2 else "rows"
         raise ValueError(
-            f"a batch of {examples} {what} does not split over {ranks} ranks: use a train.batch_size "
-            f"(or bucketing.tokens_per_batch) that gives a multiple of {ranks}"
+            f"a batch of {examples} {what} does not split over {world} ranks: use a train.batch_size "
+            f"(or bucketing.tokens_per_batch) that gives a multiple of {world}"
         )
-    per = rows // ranks
+    per = rows // world
     window = slice(rank * per, (rank + 1) * per)
     return {k: v[window] if v.dim() and v.shape[0] == rows else v for k, v in batch.items()}
 
@@ -68,23 +65,15 @@ def check_global_batch(cfg: Any, layout: RankMesh) -> None:
         )
 
 
-def refuse_lone_xla_ranks(hw: HardwareInfo) -> None:
-    """`HardwareError` when torchrun started several ranks on an XLA device whose runtime sees this process
-    alone: each rank would train the whole run by itself, all of them printing and writing the same
-    checkpoint directory and metrics file. torchrun's ranks train on ``cuda`` or ``cpu``; XLA spreads one
-    process over its devices with ``mesh.*`` (SPMD)."""
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if process_group.launched_by_torchrun() and world > 1 and hw.num_processes == 1:
-        raise HardwareError(
-            f"torchrun started {world} ranks but this run's device ({hw.backend}) is an XLA one, whose "
-            "runtime sees this process alone (each rank would train the whole run by itself): under "
-            "torchrun use train.device_type=cuda or cpu (DDP/FSDP2 over the ranks); on XLA run one process "
-            "and spread it over the devices with mesh.data/mesh.fsdp/mesh.model"
-        )
+def start_replicas(cfg: Any, backend: Backend) -> Replicas:
+    """The run's data-parallel processes: torchrun's ranks when torchrun started this process on a
+    backend that joins them, else this process alone (`OneProcess`)."""
+    joined = RankTraining.start(cfg, backend.hw) if backend.joins_torchrun(cfg) else None
+    return joined or OneProcess(backend)
 
 
-@dataclass
-class RankTraining:
+@dataclass(eq=False)
+class RankTraining(Replicas):
     """This rank's part in a torchrun launch (see the module docstring)."""
 
     group: process_group.ProcessGroup
@@ -96,16 +85,12 @@ class RankTraining:
     """The `DeviceMesh` FSDP2 shards over (None for DDP and one rank)."""
     wrapped: Any = field(default=None, repr=False)
     """The DDP / FSDP2 module (`wrap`); None before."""
+    retries_failed_steps = False  # a rank retrying alone would leave the others in a collective
 
     @classmethod
     def start(cls, cfg: Any, hw: HardwareInfo) -> RankTraining | None:
-        """Join the process group when torchrun started this process (else None) and set up the ranks.
-        An XLA device under a torchrun of several ranks that its runtime does not join is refused."""
-        if hw.via_xla:
-            refuse_lone_xla_ranks(hw)
-            return None
-        if hw.backend == "tpu":  # TorchTPU: no GSPMD, so no mesh.model, with or without torchrun
-            torchtpu_plan.refuse_unsupported_mesh(cfg.mesh)
+        """Join the process group when torchrun started this process (else None) and set up the ranks,
+        on a backend that joins them (`Backend.joins_torchrun`)."""
         timeout = duration_or_none(cfg.train.rank_timeout) or 60.0
         group = process_group.init_from_env(hw.backend, timeout_s=max(600.0, 10 * timeout))
         if group is None:
@@ -133,11 +118,6 @@ class RankTraining:
         return self.group.is_main
 
     @property
-    def rows(self) -> tuple[int, int]:
-        """(this rank's slice, slices): how each loaded batch is cut (every rank is a data-parallel rank)."""
-        return self.rank, self.world_size
-
-    @property
     def gradient_scale(self) -> float:
         """What undoes the ranks' gradient averaging (DDP and FSDP2 divide the sum by the rank count)."""
         return float(self.world_size) if self.layout.strategy != "single" else 1.0
@@ -152,7 +132,11 @@ class RankTraining:
             device=self.device,
         )
 
-    def forward(self, batch: dict[str, torch.Tensor], objective: torch.nn.Module | None = None) -> Any:
+    def take_rows(self, batch: Batch, rows_per_example: int = 1) -> Batch:
+        return take_rows(batch, self.rank, self.world_size, rows_per_example=rows_per_example)
+
+    def forward(self, model: torch.nn.Module, objective: torch.nn.Module, batch: Batch) -> Any:
+        """`objective` over `batch` through the wrapper (around the `model` `wrap` was given)."""
         return self.wrapped(batch, objective=objective)
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
@@ -185,7 +169,13 @@ class RankTraining:
         """The main rank's `value` on every rank (a decision every rank must take alike)."""
         return process_group.broadcast_object(value)
 
-    def report(self, model: torch.nn.Module) -> list[str]:
+    def gather(self, value: Any) -> list[Any]:
+        return process_group.gather_objects(value)
+
+    def barrier(self) -> None:
+        process_group.barrier()
+
+    def report(self, model: torch.nn.Module, placed: Any = None) -> list[str]:
         """Every rank's share of the model, gathered on every rank (the main one prints it)."""
         return process_group.gather_objects(torch_parallel.rank_report(model, self.layout, self.rank))
 

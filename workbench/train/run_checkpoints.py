@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from workbench.backend.protocol import Replicas
 from workbench.config import TrainConfig
 from workbench.train.checkpoint import CheckpointManager, HostSnapshot
 from workbench.train.finite import FiniteGuard, NonFiniteLossError, NonFiniteStateError
@@ -28,23 +29,25 @@ from workbench.units import duration_with_unit
 
 class RunCheckpoints:
     """Checkpoints under ``train.checkpoint_dir`` at ``train.checkpoint_every`` (steps, or a duration
-    such as '20m'), written in the background when ``train.async_checkpoint``; sharded under SPMD."""
+    such as '20m'), written in the background when ``train.async_checkpoint``; sharded under SPMD.
+    `replicas`: the run's processes (None: this one alone); across several a save is collective, written
+    on the training thread (its `CheckpointManager.store` says so), never beside it."""
 
     def __init__(
         self,
         train: TrainConfig,
         *,
         sharded: bool,
-        clock: Callable[[], float] = time.monotonic,
-        ranks: Any = None,
-        notice: Callable[[str], None] | None = None,
+        replicas: Replicas | None = None,
         guard: FiniteGuard | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        notice: Callable[[str], None] | None = None,
     ) -> None:
         self.manager = CheckpointManager(
             train.checkpoint_dir,
             keep=train.keep_checkpoints,
             sharded=sharded,
-            across_ranks=ranks is not None,
+            replicas=replicas,
             refuse_non_finite=True,  # a state holding inf or nan never replaces a good checkpoint
         )
         self.notice = notice or (lambda message: warnings.warn(message, RuntimeWarning, stacklevel=3))
@@ -54,8 +57,7 @@ class RunCheckpoints:
         every = train.checkpoint_every
         self.every_s = duration_with_unit(every)
         self.every_steps = every if isinstance(every, int) else 0
-        # across torchrun's ranks a save is collective: written on the training thread, never beside it
-        self.background = bool(train.async_checkpoint) and ranks is None
+        self.background = bool(train.async_checkpoint) and self.manager.store.background
         self.clock = clock
         self.path: str | None = None
         """The last checkpoint saved (complete once `wait` returns) or loaded."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from workbench.backend.protocol import Backend
 from workbench.config import WEIGHT_SHAPE_FIELDS
 from workbench.models.layer_stack import (
     collapse_optimizer_state,
@@ -113,15 +114,17 @@ def load_model_state(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> 
 @dataclass
 class TrainingState:
     """Everything a checkpoint holds, gathered from its owners: model, objective, optimizer,
-    scheduler, the loop and the RNGs. Loads copy *into* the live tensors, so a resumed run keeps
-    each tensor's device and sharding and runs the programs compiled before."""
+    scheduler, the loop and the RNGs (the `backend` device's among them). Loads copy *into* the live
+    tensors, so a resumed run keeps each tensor's device and sharding and runs the programs compiled
+    before."""
 
     model: torch.nn.Module
     objective: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
     loop: LoopState
-    xla: bool
+    backend: Backend
+    """The run's `Backend`, whose device RNG a checkpoint holds beside the host's."""
 
     def _has_objective_state(self) -> bool:
         return any(True for _ in self.objective.parameters())
@@ -133,7 +136,7 @@ class TrainingState:
             "optimizer": expand_optimizer_state(self.optimizer, self.model),
             "scheduler": self.scheduler.state_dict(),
             "loop": self.loop.state_dict(),
-            "rng": capture_rng(self.xla),
+            "rng": capture_rng(self.backend),
             "config": config,
         }
         if self._has_objective_state():
@@ -186,7 +189,7 @@ class TrainingState:
         for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr
         self.loop.load_state_dict(state["loop"])
-        restore_rng(state["rng"])
+        restore_rng(state["rng"], self.backend)
 
 
 def config_differences(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:

@@ -1,8 +1,10 @@
 """How a checkpoint's state is written and read: nested state dicts flattened into tensors plus a
-JSON structure, safetensors files (or torch.distributed.checkpoint for SPMD-sharded tensors),
-fsynced files, SHA-256 digests, and the RNG states of Python, NumPy, torch and XLA.
+JSON structure, safetensors files (or torch.distributed.checkpoint for sharded tensors), fsynced
+files, SHA-256 digests, and the RNG states of Python, NumPy, torch and the backend's device.
 
-`CheckpointManager` (``checkpoint.py``) decides where and when; this module decides how.
+`CheckpointManager` (``checkpoint.py``) decides where and when, `checkpoint_store` which of these
+formats a run's tensors take; this module decides how. What depends on the device (host copies,
+local shards, DCP planners, the device's RNG) is asked of the run's `Backend`.
 DCP keeps its index in a pickle; it is read with torch's weights-only unpickler restricted to
 DCP's metadata classes, never with `pickle.load`.
 """
@@ -16,13 +18,16 @@ import pickle
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.backend.xla import runtime
+from workbench.backend.protocol import host_copies
 from workbench.model_dirs import file_sha256
 from workbench.models.layer_stack import layer_slice_origin
+
+if TYPE_CHECKING:  # annotations only
+    from workbench.backend.protocol import Backend
 
 FORMAT_VERSION = 1
 
@@ -149,10 +154,11 @@ def files_under(directory: Path) -> list[Path]:
 
 
 def host_tensors(tensors: Mapping[str, torch.Tensor], *, copy: bool = False) -> dict[str, torch.Tensor]:
-    """Contiguous CPU tensors for writing: XLA tensors fetched in one batched transfer, shared storage
-    un-shared. A tensor already on the CPU and contiguous comes back as it is, not copied (a save
-    needs no second copy of a host model), unless `copy` (a background save, which writes while
-    training goes on changing the live tensors).
+    """Contiguous CPU tensors for writing: device tensors fetched in one batched transfer where the
+    device allows (`workbench.backend.protocol.host_copies`), shared storage un-shared. A tensor
+    already on the CPU and contiguous comes back as it is, not copied (a save needs no second copy of
+    a host model), unless `copy` (a background save, which writes while training goes on changing the
+    live tensors).
 
     A stacked layer weight's per-layer views (``model.scan_layers``,
     `workbench.models.layer_stack.layer_slice_origin`) are sliced on the host: each stacked tensor
@@ -163,18 +169,16 @@ def host_tensors(tensors: Mapping[str, torch.Tensor], *, copy: bool = False) -> 
     # an FSDP2 shard (torchrun) is put together whole: collective, every rank asks in the same order
     values = [full_if_sharded(t.detach()) for t in tensors.values()]
     live = {i for i, t in enumerate(values) if copy and t.device.type == "cpu" and origins[i] is None}
-    xla_idx = [i for i, t in enumerate(values) if t.device.type == "xla" and origins[i] is None]
-    if xla_idx:
-        fetched = runtime.to_cpu([values[i] for i in xla_idx])
-        for i, t in zip(xla_idx, fetched):
-            values[i] = t
+    away = [i for i, t in enumerate(values) if t.device.type != "cpu" and origins[i] is None]
+    for i, fetched in zip(away, host_copies([values[i] for i in away])):
+        values[i] = fetched
     by_base: dict[int, list[int]] = {}
     for i, origin in enumerate(origins):
         if origin is not None:
             by_base.setdefault(id(origin[0]), []).append(i)
     for positions in by_base.values():
         stacked = origins[positions[0]][0]
-        host = stacked.to("cpu") if stacked.device.type != "xla" else runtime.to_cpu([stacked])[0]
+        host = host_copies([stacked])[0]
         for i in positions:
             values[i] = host[origins[i][1]].clone()
         del host
@@ -228,10 +232,6 @@ def host_layer_views(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
     if views:
         out.update(host_tensors(views))
     return out
-
-
-def is_sharded_xla(t: torch.Tensor) -> bool:
-    return t.device.type == "xla" and bool(runtime.sharding_spec(t))
 
 
 _SAFETENSORS_DTYPES = {
@@ -323,13 +323,13 @@ def unique_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def host_shards(tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """What a sharded save writes, copied to the host: each sharded XLA tensor as its local shards
-    (`runtime.local_shards_to_cpu`, one transfer), a stacked layer weight's views sliced on the host,
-    other XLA tensors fetched, host tensors copied (training goes on changing them)."""
+def host_shards(tensors: Mapping[str, torch.Tensor], backend: Backend) -> dict[str, Any]:
+    """What a sharded save writes, copied to the host: each tensor sharded over `backend`'s mesh as its
+    local shards (`Backend.local_shards_to_host`, one transfer), a stacked layer weight's views sliced
+    on the host, other device tensors fetched, host tensors copied (training goes on changing them)."""
     values: dict[str, Any] = dict(host_layer_views(tensors))  # views: fresh host copies already
-    sharded = [key for key, t in values.items() if is_sharded_xla(t)]
-    for key, shards in zip(sharded, runtime.local_shards_to_cpu([values[key] for key in sharded])):
+    sharded = [key for key, t in values.items() if backend.mesh_sharded(t)]
+    for key, shards in zip(sharded, backend.local_shards_to_host([values[key] for key in sharded])):
         if any(shard.indices is Ellipsis for shard in shards.shards):
             # replicated: one shard is the whole tensor (torch_xla's planner takes no shard of it)
             values[key] = shards.shards[0].data
@@ -351,10 +351,9 @@ def full_tensor(value: Any) -> torch.Tensor:
     return full
 
 
-def save_dcp(shards: dict[str, Any], directory: Path, *, across_ranks: bool = False) -> bool:
-    """Write `host_shards`' output through DCP and check its index holds every tensor; False (nothing
-    left behind) if not. `across_ranks` (torchrun): every rank calls it with its live tensors (FSDP2's
-    DTensors, DDP's replicated ones) and DCP's default planner writes each shard once.
+def save_dcp(shards: dict[str, Any], directory: Path, *, planner: Any = None) -> bool:
+    """Write `host_shards`' output through DCP with the backend's save `planner` (None: DCP's default)
+    and check its index holds every tensor; False (nothing left behind) if not.
 
     torch_xla 2.9's SPMD planner silently leaves out tensors that are sharded *and* partially
     replicated (a data x fsdp mesh with data > 1) when one process holds all devices; such
@@ -363,17 +362,22 @@ def save_dcp(shards: dict[str, Any], directory: Path, *, across_ranks: bool = Fa
     """
     import torch.distributed.checkpoint as dcp
 
-    if across_ranks:
-        directory.mkdir(exist_ok=True)
-        dcp.save(shards, storage_writer=dcp.FileSystemWriter(str(directory)))
-        return True
     directory.mkdir()
-    dcp.save(shards, storage_writer=dcp.FileSystemWriter(str(directory)), planner=runtime.spmd_save_planner())
+    dcp.save(shards, storage_writer=dcp.FileSystemWriter(str(directory)), planner=planner)
     written = set(_dcp_reader(directory).read_metadata().state_dict_metadata)
     if set(shards) <= written:
         return True
     shutil.rmtree(directory)
     return False
+
+
+def save_dcp_shared(tensors: dict[str, Any], directory: Path) -> None:
+    """Every process of a torchrun launch calls it with its live `tensors` (FSDP2's DTensors, DDP's
+    replicated ones): DCP's default planner writes each shard once, into the one `directory`."""
+    import torch.distributed.checkpoint as dcp
+
+    directory.mkdir(exist_ok=True)
+    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(directory)))
 
 
 def load_dcp_to_host(directory: Path) -> dict[str, torch.Tensor]:
@@ -471,30 +475,34 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def load_dcp(targets: dict[str, torch.Tensor], directory: Path) -> None:
-    """Read a DCP part into the live `targets`, resharded to their layout: XLA tensors through
-    torch_xla's SPMD planner; CPU/CUDA tensors and torchrun's DTensors through DCP's default one
-    (collective across ranks under torchrun, a local read in one process)."""
+def load_dcp(targets: dict[str, torch.Tensor], directory: Path, *, backend: Backend | None = None) -> None:
+    """Read a DCP part into the live `targets` (`backend`'s tensors), resharded to their layout: through
+    the backend's load planner (torch_xla's SPMD one) where it has one, else DCP's default one (collective
+    across ranks under torchrun, a local read in one process). None: the targets are host tensors, or
+    torchrun's (DCP's default planner)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    unique = unique_tensors(targets)
-    if any(t.device.type == "xla" for t in unique.values()):
+    planner: Any = DefaultLoadPlanner()
+    if backend is not None:
         # torch_xla's planner reads each target's shards, which must not be mid-computation: a sync
         # just before (a resume's placement, zeroed weights) may still be running
-        runtime.wait_device_ops()
-        dcp.load(unique, storage_reader=_dcp_reader(directory), planner=runtime.spmd_load_planner())
-        return
+        backend.wait()
+        planners = backend.checkpoint_planners()
+        planner = planners[1] if planners is not None else planner
     joined = dist.is_available() and dist.is_initialized()
-    dcp.load(unique, storage_reader=_dcp_reader(directory), planner=DefaultLoadPlanner(), no_dist=not joined)
+    dcp.load(
+        unique_tensors(targets), storage_reader=_dcp_reader(directory), planner=planner, no_dist=not joined
+    )
 
 
 # ---- RNG state -------------------------------------------------------------------------------------
 
 
-def capture_rng(include_xla: bool = False) -> dict[str, Any]:
-    """Every RNG a training step may touch: Python, NumPy, torch CPU (+ CUDA, + the XLA device seed)."""
+def capture_rng(backend: Backend | None = None) -> dict[str, Any]:
+    """Every RNG a training step may touch: Python, NumPy, torch CPU (+ CUDA, + the `backend` device's:
+    `Backend.rng_state`, torch_xla's seed under key ``xla``)."""
     import random
 
     import numpy as np
@@ -506,12 +514,14 @@ def capture_rng(include_xla: bool = False) -> dict[str, Any]:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = [s for s in torch.cuda.get_rng_state_all()]
-    if include_xla:
-        state["xla"] = runtime.rng_state()
+    if backend is not None:
+        state.update(backend.rng_state())
     return state
 
 
-def restore_rng(state: Mapping[str, Any]) -> None:
+def restore_rng(state: Mapping[str, Any], backend: Backend | None = None) -> None:
+    """Put back what `capture_rng` took; the device's own RNG through `backend` (a key another backend
+    wrote is ignored, so a checkpoint written on one backend resumes on another)."""
     import random
 
     import numpy as np
@@ -522,8 +532,8 @@ def restore_rng(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"].to(torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.to(torch.uint8) for s in state["cuda"]])
-    if "xla" in state and runtime.xla_imported():
-        runtime.set_rng_state(int(state["xla"]))
+    if backend is not None:
+        backend.set_rng_state(dict(state))
 
 
 def _as_tuples(value: Any) -> Any:

@@ -16,9 +16,13 @@
   `clip_grad_norm_fp32` on the device (the norm summed in fp32).
 - **Compiled (plain torch).** With ``train.compile`` on, the training forward and loss run as one
   torch.compile graph per batch shape (`workbench.train.compiled_step`); the rest stays eager.
-- **Precision.** 'bf16-mixed': fp32 weights, bf16 autocast (``torch.autocast("xla")`` on XLA,
-  CUDA autocast where the GPU has bf16, CPU autocast on plain CPU). Losses are computed in
+- **Precision.** 'bf16-mixed': fp32 weights, bf16 autocast (the backend's: ``torch.autocast("xla")``
+  on XLA, CUDA autocast where the GPU has bf16, CPU autocast on plain CPU). Losses are computed in
   fp32. 'bf16': bf16 weights, no autocast.
+- **The seam.** What differs between execution models is asked of the run's `Backend` (the step's
+  boundary, autocast, compile counts, optimizer-state placement) and `Replicas` (the forward through
+  a data-parallel wrapper, gradient reduction, sums and norms over every process); with one process
+  the replicas' parts do nothing.
 """
 
 from __future__ import annotations
@@ -30,9 +34,7 @@ from typing import Any
 import torch
 
 from workbench.analysis.metrics import perplexity
-from workbench.backend.native import dynamo_compiles
-from workbench.backend.protocol import Batch
-from workbench.backend.xla import runtime
+from workbench.backend.protocol import Backend, Batch, Replicas
 from workbench.config import TrainConfig
 from workbench.parallel.torch_parallel import local_part
 from workbench.train.compiled_step import compiled_forward
@@ -59,33 +61,16 @@ class EvalLoss(float):
         return None if self.stats else perplexity(self)
 
 
-def autocast_for(precision: str, device: Any, xla: bool) -> contextlib.AbstractContextManager:
-    """The autocast of a step under `precision` on `device` ('bf16-mixed': bf16; else none)."""
-    if precision != "bf16-mixed":
-        return contextlib.nullcontext()
-    if xla:
-        return torch.autocast("xla", dtype=torch.bfloat16)
-    if torch.device(device).type == "cuda":
-        if not torch.cuda.is_bf16_supported():
-            return contextlib.nullcontext()  # the trainer says so once
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", dtype=torch.bfloat16)
-
-
-def clip_grad_norm_fp32(params: Sequence[torch.Tensor], max_norm: float, ranks: Any = None) -> torch.Tensor:
+def clip_grad_norm_fp32(params: Sequence[torch.Tensor], max_norm: float, replicas: Replicas) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` with the norm summed in fp32 whatever the gradients' dtype;
     returns the total norm (a device tensor). torch sums each gradient's squares in its own dtype:
     in bf16 a large tensor's norm is off by several percent (a stacked ``[layers, ...]`` gradient
-    more than a layer's), and the clip scales the whole update by it. Under torchrun `ranks`
-    (`workbench.train.ranks.RankTraining`) gives the global norm of sharded gradients."""
+    more than a layer's), and the clip scales the whole update by it. `replicas.grad_norm` sums over
+    every process (under torchrun, the global norm of sharded gradients)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), dtype=torch.float32)
-    if ranks is not None:
-        total = ranks.grad_norm(grads)
-    else:
-        norms = torch.stack([torch.linalg.vector_norm(g, 2, dtype=torch.float32) for g in grads])
-        total = torch.linalg.vector_norm(norms, 2)
+    total = replicas.grad_norm(grads)
     coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
     with torch.no_grad():
         for g in grads:
@@ -107,17 +92,18 @@ class StepEngine:
         loop: LoopState,
         train: TrainConfig,
         *,
-        device: Any,
-        xla: bool,
+        backend: Backend,
+        replicas: Replicas,
         sharded: bool = False,
-        ranks: Any = None,
     ) -> None:
         self.model, self.objective = model, objective
-        self.ranks = ranks
-        """Under torchrun, the ranks (`workbench.train.ranks.RankTraining`): forward through DDP/FSDP2,
-        sums and norms over every rank; None in one process."""
+        self.backend = backend
+        """The device's execution model: the step's boundary, autocast, compile counts, state placement."""
+        self.replicas = replicas
+        """The data-parallel processes: the forward through their wrapper, sums and norms over all of
+        them (`OneProcess`: this one alone; under torchrun `workbench.train.ranks.RankTraining`)."""
         self.optimizer, self.scheduler, self.loop = optimizer, scheduler, loop
-        self.device, self.xla, self.sharded = device, xla, sharded
+        self.device, self.sharded = replicas.device, sharded
         self.precision, self.grad_accum, self.max_grad_norm = (
             train.precision,
             train.grad_accum,
@@ -139,10 +125,9 @@ class StepEngine:
             train.compile,
             model,
             objective,
-            device=device,
-            xla=xla,
+            backend=backend,
             objective_name=train.objective,
-            wrapped=ranks.wrapped if ranks is not None else None,
+            wrapped=replicas.wrapped,
         )
         """``train.compile``: the training forward through torch.compile (`workbench.train.compiled_step`),
         or None (eager; XLA compiles anyway); `notices`: what the run says about it, once."""
@@ -153,20 +138,20 @@ class StepEngine:
         return self.grad_accum * self.loop.split
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        return autocast_for(self.precision, self.device, self.xla)
+        return self.backend.autocast(self.precision)
 
     def sync(self) -> None:
-        if self.xla:
-            runtime.sync()
+        """The step's boundary: on XLA the traced graph is cut and run; eager backends do nothing."""
+        self.backend.step_boundary()
 
     @property
     def prewarms(self) -> bool:
         """Whether warm-up has step programs to compile: XLA's, or the compiled native step's graphs."""
-        return self.xla or self.compiled is not None
+        return self.backend.compiles_every_shape or self.compiled is not None
 
     def compile_count(self) -> int:
         """Programs compiled so far in this process: XLA's, else the compiled native step's graphs."""
-        return runtime.compile_count() if self.xla else dynamo_compiles.graphs_compiled()
+        return self.backend.compile_count()
 
     # ---- state on the device ----
     def init_optimizer_state(self) -> None:
@@ -176,9 +161,8 @@ class StepEngine:
             return
         for p in self.params:
             for value in self.optimizer.state[p].values():
-                unannotated = isinstance(value, torch.Tensor) and value.device.type == "xla"
-                if unannotated and value.shape == p.shape and not runtime.sharding_spec(value):
-                    runtime.copy_sharding(p, value)
+                if isinstance(value, torch.Tensor):
+                    self.backend.place_like(p, value)
 
     def init_state(self) -> None:
         """Optimizer state, gradient buffers and running sums exist before the first step (one program per shape)."""
@@ -217,14 +201,12 @@ class StepEngine:
     def _forward(self, batch: Batch, objective: torch.nn.Module | None = None) -> dict[str, Any]:
         if objective is None and self.compiled is not None:  # the training forward: a graph per shape
             return self.compiled(batch)
-        if self.ranks is not None:  # through DDP / FSDP2, whose hooks gather and reduce
-            return self.ranks.forward(batch, objective)
-        return (objective or self.objective)(self.model, batch)
+        # under torchrun through DDP / FSDP2, whose hooks gather and reduce
+        return self.replicas.forward(self.model, objective or self.objective, batch)
 
     def _micro_step(self, batch: Batch, last: bool = True) -> None:
         """One micro-batch's forward and backward; across ranks gradients are reduced on the `last` only."""
-        syncing = self.ranks.gradient_sync(last) if self.ranks is not None else contextlib.nullcontext()
-        with syncing:
+        with self.replicas.gradient_sync(last):
             with self.autocast():
                 out = self._forward(batch)
             out["loss_sum"].backward()
@@ -237,11 +219,10 @@ class StepEngine:
     def _update(self) -> dict[str, torch.Tensor]:
         """Scale accumulated gradients to the mean over the step's count (real tokens; DPO: real pairs), clip,
         step; returns device tensors to log. Across ranks the sums are every rank's, so the loss is the
-        global mean and the gradient the mean over every real token of the global batch."""
-        scale = 1.0
-        if self.ranks is not None:
-            self.ranks.reduce_sums([self._loss_acc, self._tokens_acc, *self._stat_acc.values()])
-            scale = self.ranks.gradient_scale
+        global mean and the gradient the mean over every real token of the global batch (one process:
+        its own sums, a scale of 1)."""
+        self.replicas.reduce_sums([self._loss_acc, self._tokens_acc, *self._stat_acc.values()])
+        scale = self.replicas.gradient_scale
         with torch.no_grad():
             inv_tokens = 1.0 / self._tokens_acc.clamp(min=1.0)
             grad_scale = inv_tokens * scale
@@ -250,7 +231,7 @@ class StepEngine:
                     local_part(p.grad).mul_(grad_scale.to(p.grad.dtype))
         grad_norm = None
         if self.max_grad_norm is not None:
-            grad_norm = clip_grad_norm_fp32(self.params, self.max_grad_norm, self.ranks)
+            grad_norm = clip_grad_norm_fp32(self.params, self.max_grad_norm, self.replicas)
         self.optimizer.step()
         self.scheduler.step()
         with torch.no_grad():
@@ -334,8 +315,7 @@ class StepEngine:
             sums = {name: sums[name] + figures[name] for name in sums}
             self.sync()
         self.model.train()
-        if self.ranks is not None:  # every rank evaluated its rows of each batch
-            self.ranks.reduce_sums(list(sums.values()))
+        self.replicas.reduce_sums(list(sums.values()))  # under torchrun every rank evaluated its rows
         means = torch.stack([sums[name] for name in ("loss_sum", *names)]) / sums["tokens"].clamp(min=1.0)
         loss, *stats = means.cpu().tolist()  # the one read
         return EvalLoss(loss, dict(zip(names, stats)))

@@ -32,6 +32,7 @@ from typing import Any
 
 from workbench.analysis.communication import CommunicationReport, from_hlo
 from workbench.analysis.hlo_collectives import largest_module, optimized_modules
+from workbench.backend.xla.virtual_devices import virtual_devices_environment
 
 RESULT_MARK = "__STEP_HLO__"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -109,17 +110,8 @@ def capture_step_communication(
 
 
 def _run_child(params: dict[str, Any], dump_dir: Path, devices: int, timeout: float) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
-    flags = f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
-    env.update(
-        {
-            "PJRT_DEVICE": "CPU",
-            "CPU_NUM_DEVICES": str(devices),
-            "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flags}".strip(),
-            "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        }
-    )
+    env = virtual_devices_environment(devices, xla_flags=f"--xla_dump_to={dump_dir} --xla_dump_hlo_as_text")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run(
         [sys.executable, "-m", "workbench.train.step_hlo", json.dumps(params)],
         env=env,

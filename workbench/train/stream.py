@@ -2,10 +2,11 @@
 
 `HostStream` walks epochs of a `make_loader` loader from a (epoch, batch index) position and
 records, for every batch it produces, a `BatchInfo` (epoch, index, real tokens, shape) taken
-from the CPU batch. `DeviceStream` puts the batches on the device (torch_xla's background
-loader on XLA, sharded over the mesh's batch axes; ``.to(device)`` elsewhere) and hands the
-trainer each device batch with its facts. The trainer thereby knows its exact data position
-and real-token counts without reading a device tensor. `TrainingData` builds these streams,
+from the CPU batch. `DeviceStream` puts the batches on the device through the run's `Backend`
+(``device_batches``: torch_xla's background loader, sharded over the mesh's batch axes;
+``.to(device)`` in plain torch), each cut first to this process's rows by the run's `Replicas`,
+and hands the trainer each device batch with its facts. The trainer thereby knows its exact data
+position and real-token counts without reading a device tensor. `TrainingData` builds these streams,
 the eval batches and the list of shapes a loader can emit (what the warm-up compiles).
 
 Resuming inside an epoch uses the sampler's own position (`BucketBatchSampler.load_state_dict`):
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from workbench.backend.xla import runtime
+from workbench.backend.protocol import Backend, Batch, Replicas
 from workbench.data.bucket_choice import BucketChoice
 from workbench.data.loader import dataset_lengths, make_loader, training_epochs
 from workbench.data.preference import is_pair_dataset
@@ -105,26 +106,24 @@ class HostStream:
 class DeviceStream:
     """Batches of a `HostStream` on the device, each with its `BatchInfo`; `close()` stops prefetching.
 
-    Under torchrun (`rank_rows`: this rank's slice, slices) each batch's facts are the whole
-    batch's and the device gets this rank's rows of it (`workbench.train.ranks.take_rows`)."""
+    Each batch's facts are the whole batch's; the device gets this process's rows of it
+    (`Replicas.take_rows`: a torchrun rank's slice, every row in one process)."""
 
     def __init__(
         self,
         host: HostStream,
         device: Any,
         *,
-        xla: bool,
+        backend: Backend,
+        replicas: Replicas,
         batch_sharding: Any = None,
-        rank_rows: tuple[int, int] | None = None,
     ) -> None:
-        self.host = host
-        if xla:
-            self._batches: Iterator[dict] = iter(
-                runtime.device_loader(host, device, batch_sharding=batch_sharding)
-            )
-        else:
-            rows = host.rows_per_example
-            self._batches = (to_device(b, device, rank_rows, rows) for b in host)
+        self.host, self.backend = host, backend
+        rows = host.rows_per_example
+        # cut as the host batches are produced (in torch_xla's loader thread, ahead of use)
+        self._batches: Iterator[Batch] = backend.device_batches(
+            (replicas.take_rows(b, rows) for b in host), device, sharding=batch_sharding
+        )
 
     def next(self) -> tuple[dict, BatchInfo]:
         batch = next(self._batches)
@@ -132,19 +131,7 @@ class DeviceStream:
 
     def close(self) -> None:
         """Stop the device loader's background threads (they would otherwise prefetch forever)."""
-        runtime.close_device_iterator(self._batches)
-
-
-def to_device(
-    batch: dict[str, torch.Tensor], device: Any, rank_rows: tuple[int, int] | None, rows_per_example: int = 1
-) -> dict[str, torch.Tensor]:
-    """A host batch on an eager device (CUDA, CPU): this rank's rows of it under torchrun."""
-    if rank_rows is not None:
-        from workbench.train.ranks import take_rows
-
-        batch = take_rows(batch, *rank_rows, rows_per_example=rows_per_example)
-    non_blocking = torch.device(device).type == "cuda"
-    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+        self.backend.close_batches(self._batches)
 
 
 class TrainingData:
@@ -159,18 +146,21 @@ class TrainingData:
         *,
         pad_token_id: int,
         dp_size: int,
-        device: Any,
-        xla: bool,
+        backend: Backend,
+        replicas: Replicas,
         batch_sharding: Any = None,
-        rank_rows: tuple[int, int] | None = None,
     ) -> None:
         self.cfg, self.train_dataset, self.eval_dataset = cfg, train_dataset, eval_dataset
-        self.rank_rows = rank_rows
-        """Under torchrun: (this rank's slice, slices) of every batch's rows."""
         self.pad_token_id, self.dp_size = pad_token_id, dp_size
-        self.device, self.xla, self.batch_sharding = device, xla, batch_sharding
+        self.backend, self.replicas, self.batch_sharding = backend, replicas, batch_sharding
+        """How batches reach the device; whose rows of each batch this process takes (torchrun's ranks)."""
         self.bucket_choice: BucketChoice | None = None
         """With ``bucketing.max_buckets: auto``: how the training plan's number of shapes was chosen."""
+
+    @property
+    def device(self) -> torch.device:
+        """The device batches go to (asked late: under SPMD the one the whole mesh sits behind)."""
+        return self.replicas.device
 
     def loader(self, dataset: Any, batch_size: int) -> tuple[Any, BucketBatchSampler]:
         cfg = self.cfg
@@ -205,16 +195,18 @@ class TrainingData:
         rows = 2 if is_pair_dataset(self.train_dataset) else 1
         host = HostStream(loader, sampler, start_epoch=epoch, skip=skip, rows_per_example=rows)
         return DeviceStream(
-            host, self.device, xla=self.xla, batch_sharding=self.batch_sharding, rank_rows=self.rank_rows
+            host,
+            self.device,
+            backend=self.backend,
+            replicas=self.replicas,
+            batch_sharding=self.batch_sharding,
         )
 
     def eval_batches(self, batch_size: int) -> Iterable[dict]:
         """One pass over the eval split, on the device."""
         loader, _ = self.loader(self.eval_dataset, batch_size)
-        if self.xla:
-            return runtime.device_loader(loader, self.device, batch_sharding=self.batch_sharding)
         rows = 2 if is_pair_dataset(self.eval_dataset) else 1
-        return (to_device(b, self.device, self.rank_rows, rows) for b in loader)
+        return self._on_device(self.replicas.take_rows(b, rows) for b in loader)
 
     def shapes(self, batch_size: int, dataset: Any) -> list[tuple[int, int]]:
         """Every (rows, length) the loader for `dataset` can emit at `batch_size`: the collated batch's
@@ -224,9 +216,10 @@ class TrainingData:
         rows = 2 if is_pair_dataset(dataset) else 1
         return sorted({(rows * int(s[0]), int(s[1])) for s in sampler.batch_shapes()})
 
-    def to_device(self, batch: dict[str, torch.Tensor], *, whole: bool = False) -> dict[str, torch.Tensor]:
+    def to_device(self, batch: Batch, *, whole: bool = False) -> Batch:
         """Move one host batch exactly as the stream does (same sharding, so the same program); `whole`:
         every row of it, also under torchrun (a pass whose results are indexed by the batch's examples)."""
-        if self.xla:
-            return next(iter(runtime.device_loader([batch], self.device, batch_sharding=self.batch_sharding)))
-        return to_device(batch, self.device, None if whole else self.rank_rows)
+        return next(self._on_device([batch if whole else self.replicas.take_rows(batch)]))
+
+    def _on_device(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        return self.backend.device_batches(batches, self.device, sharding=self.batch_sharding)

@@ -38,7 +38,8 @@ from workbench.analysis.metrics import ROLLOUT_KEYS, IntervalMetrics, RunMetrics
 from workbench.analysis.profiler import StepProfiler
 from workbench.backend.compile_cache import enable_compile_cache
 from workbench.backend.hardware import HardwareInfo, detect
-from workbench.backend.xla import compile_log, runtime
+from workbench.backend.protocol import backend_for
+from workbench.backend.xla import runtime
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
 from workbench.models.build import no_kv_cache
@@ -58,7 +59,7 @@ from workbench.train.objective import CausalLMObjective, LossChunking
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import build_optimizer, warmup_cosine
 from workbench.train.preference import check_objective_data, preference_objective, prepare_reference
-from workbench.train.ranks import RankTraining
+from workbench.train.ranks import start_replicas
 from workbench.train.run_checkpoints import RunCheckpoints
 from workbench.train.state import LoopState, TrainingState
 from workbench.train.step import StepEngine
@@ -126,19 +127,20 @@ class Trainer:
         self.cfg = cfg
         self.hw = hardware or detect(train.device_type)
         self.compile_cache = cache = enable_compile_cache(train.compile_cache_dir, self.hw)  # before compiles
-        self.notices = [*self.hw.notices, *cache.notices, *compile_log.start_run_log(self.hw.via_xla)]
-        self.xla = self.hw.via_xla
+        self.backend = backend_for(self.hw)  # torch_xla SPMD, plain torch or TorchTPU: `workbench.backend`
+        self.notices = [*self.hw.notices, *cache.notices, *self.backend.start_compile_log()]
         # under torchrun: the process group, the same config on every rank, mesh.data x mesh.fsdp over the ranks
-        self.ranks = RankTraining.start(cfg, self.hw)  # None off torchrun and on XLA (SPMD)
-        self.is_main = self.ranks is None or self.ranks.is_main
+        self.replicas = start_replicas(cfg, self.backend)  # else this process alone (SPMD is one process)
+        self.is_main = self.replicas.is_main
         self.callbacks = list(callbacks) if self.is_main else []  # metrics and dashboards: the main rank's
-        self.mesh_spec = mesh_from_config(cfg.mesh, self.hw) if self.xla and cfg.mesh.enabled else None
+        spmd = self.backend.gspmd and cfg.mesh.enabled  # one program over a mesh of devices
+        self.mesh_spec = mesh_from_config(cfg.mesh, self.hw) if spmd else None
         self.mesh = self.mesh_spec.build() if self.mesh_spec is not None else None
-        if self.ranks is not None:  # one device per rank; every rank a data-parallel one
-            self.device, self.dp_size = self.ranks.device, self.ranks.world_size
-        else:  # asked for after the mesh: under SPMD this is the virtual device the whole mesh sits behind
-            self.device = runtime.device() if self.xla else torch.device(self.hw.backend)
-            self.dp_size = self.mesh_spec.dp_size if self.mesh_spec is not None else 1
+        # asked for after the mesh: under SPMD the virtual device the whole mesh sits behind; a rank's own
+        self.device = self.replicas.device
+        self.dp_size = self.replicas.world_size * (
+            self.mesh_spec.dp_size if self.mesh_spec is not None else 1
+        )
 
         self.tokenizer = tokenizer
         if train_dataset is None:
@@ -150,19 +152,18 @@ class Trainer:
             eval_dataset,
             pad_token_id=pad_token_id(self.tokenizer),
             dp_size=self.dp_size,
-            device=self.device,
-            xla=self.xla,
+            backend=self.backend,
+            replicas=self.replicas,
             batch_sharding=batch_sharding(self.mesh) if self.mesh is not None else None,
-            rank_rows=self.ranks.rows if self.ranks is not None else None,
         )
         self.model = run_model(cfg, model, self.tokenizer, hw=self.hw, notice=self._notice)
         self.reference = prepare_reference(cfg, self.model, self._notice)  # DPO: read before placing
         self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher, self.rewards = teacher, list(rewards)
         self.objective = build_objective(self, teacher)
-        if self.ranks is not None:  # DDP / FSDP2 before the optimizer: FSDP2 replaces the parameters
-            self.ranks.wrap(self.model, self.objective)
-            self.sharding_report = self.ranks.report(self.model)
+        # DDP / FSDP2 under torchrun, before the optimizer: FSDP2 replaces the parameters
+        self.replicas.wrap(self.model, self.objective)
+        self.sharding_report = self.replicas.report(self.model, self.sharding_report)
         self.optimizer = build_optimizer(self.model, train, extra_params=self.objective.parameters())
         self.scheduler = warmup_cosine(self.optimizer, train)
 
@@ -174,17 +175,18 @@ class Trainer:
             self.scheduler,
             self.loop,
             train,
-            device=self.device,
-            xla=self.xla,
+            backend=self.backend,
+            replicas=self.replicas,
             sharded=self.mesh is not None,
-            ranks=self.ranks,
         )
         self.training_state = TrainingState(
-            self.model, self.objective, self.optimizer, self.scheduler, self.loop, self.xla
+            self.model, self.objective, self.optimizer, self.scheduler, self.loop, self.backend
         )
         self.checkpoints, self.guard = None, FiniteGuard(train.learning_rate, train.precision)
         if train.checkpoint_dir:
-            saves = RunCheckpoints(train, sharded=self.mesh is not None, ranks=self.ranks, guard=self.guard)
+            saves = RunCheckpoints(
+                train, sharded=self.mesh is not None, replicas=self.replicas, guard=self.guard
+            )
             self.checkpoints, saves.on_saved, saves.notice = saves, self.budget.save_done, self._notice
         self.history: list[RunMetrics] = []
         self.last_eval_loss: float | None = None
@@ -231,7 +233,7 @@ class Trainer:
     def _run_step(self, batches: list[dict]) -> dict[str, torch.Tensor]:
         # a failed XLA step may have donated its buffers: only the warm-up retries; across ranks a rank
         # retrying alone would leave the others in a collective
-        if self.xla or self.ranks is not None:
+        if not self.replicas.retries_failed_steps:
             return self.engine.train_step(batches)
         return eager_step_with_retry(self, batches)
 
@@ -294,14 +296,15 @@ class Trainer:
     def close(self, *, failed: bool = False) -> None:
         """This process is done with a torchrun launch (no-op otherwise): the others stop waiting for it,
         or, when it `failed`, stop too, naming it."""
-        if self.ranks is not None:
-            self.ranks.finish(failed=failed)
+        self.replicas.finish(failed=failed)
 
     # ---- the loop ----
     def fit(self) -> TrainResult:
         """Resume if asked, warm up, then train until `train.steps` optimizer steps are done."""
         train = self.cfg.train
-        for message in precision_notices(train, self.hw) + scan_notices(self.cfg.model, xla=self.xla):
+        for message in precision_notices(train, self.hw) + scan_notices(
+            self.cfg.model, xla=self.backend.gspmd
+        ):
             self._notice(message)
         if self.checkpoints is not None and train.resume and self.checkpoints.latest() is not None:
             self.load_checkpoint()
@@ -314,7 +317,7 @@ class Trainer:
         warm = self._warm_up()
         compiles_before = self.engine.compile_count()  # XLA programs, or a compiled native step's graphs
         self.profiler = make_profiler(self, prewarmed=warm > 0)
-        clock, bar = ThroughputClock(self.xla), _progress_bar(train, initial=self.loop.step)
+        clock, bar = ThroughputClock(self.backend), _progress_bar(train, initial=self.loop.step)
         self.budget.expect_saves(self.training_state.nbytes() if self.checkpoints is not None else None)
         start_step = self.loop.step  # a time-limited run that keeps no step of its own must say so
         try:
@@ -325,8 +328,7 @@ class Trainer:
             self._close_stream()
             if self.checkpoints is not None:  # a write in flight completes, even when training failed
                 self.checkpoints.settle(self._notice)
-        if self.xla:
-            runtime.wait_device_ops()
+        self.backend.wait()
         tokens_per_s = clock.tokens_per_s(time.perf_counter())
         stopped = self.loop.step < train.steps
         save_final_state(self, clock, stopped, start_step)
@@ -442,9 +444,9 @@ def save_final_state(trainer: Trainer, clock: ThroughputClock, stopped: bool, st
 def main_decides(trainer: Trainer, decision: bool, *, timed: bool) -> bool:
     """A decision read off a clock (`timed`) is the main rank's across torchrun's ranks: ranks whose clocks
     disagreed would leave one in a collective (a save, the next step) that the others never enter."""
-    if trainer.ranks is None or not timed:
+    if not timed:
         return decision
-    return bool(trainer.ranks.broadcast(decision))
+    return bool(trainer.replicas.broadcast(decision))
 
 
 def halve_micro_batches(trainer: Trainer, err: BaseException) -> bool:
@@ -555,9 +557,9 @@ def make_profiler(trainer: Trainer, *, prewarmed: bool) -> StepProfiler:
         flops = None
     # the mesh's devices, else one (a v5e-8 run without a mesh uses one chip)
     peak = trainer.hw.peak_bf16_flops_per_device
-    devices = trainer.mesh_spec.num_devices if trainer.mesh_spec is not None else 1
-    if trainer.ranks is not None:
-        devices = trainer.ranks.world_size
+    devices = trainer.replicas.world_size * (
+        trainer.mesh_spec.num_devices if trainer.mesh_spec is not None else 1
+    )
     return StepProfiler(
         trainer.hw,
         flops_per_token=flops,
@@ -567,6 +569,7 @@ def make_profiler(trainer: Trainer, *, prewarmed: bool) -> StepProfiler:
         warmup_steps=0 if prewarmed else 3,
         stat_names=trainer.engine.stat_names,
         communication=run_communication(trainer.model.config, trainer.cfg, trainer.mesh_spec),
+        backend=trainer.backend,
     )
 
 

@@ -25,10 +25,9 @@ from typing import Any
 
 import torch
 
-from workbench.backend.xla import runtime
 from workbench.data.bucket_choice import BucketChoice
 from workbench.data.buckets import round_up
-from workbench.data.loader import dataset_lengths, plan_for_config, prewarm, synthetic_batch
+from workbench.data.loader import dataset_lengths, plan_for_config, synthetic_batch
 from workbench.data.preference import is_pair_dataset
 from workbench.data.sampler import batch_rows
 from workbench.train.oom import retry_on_oom
@@ -66,7 +65,7 @@ def snapshot(engine: StepEngine) -> dict[str, Any]:
         "tensors": host,
         "scheduler": engine.scheduler.state_dict(),
         "lrs": [g["lr"] for g in engine.optimizer.param_groups],
-        "rng": capture_rng(engine.xla),
+        "rng": capture_rng(backend=engine.backend),
     }
 
 
@@ -83,7 +82,7 @@ def restore(engine: StepEngine, snap: dict[str, Any]) -> None:
     engine.scheduler.load_state_dict(snap["scheduler"])
     for group, lr in zip(engine.optimizer.param_groups, snap["lrs"]):
         group["lr"] = lr
-    restore_rng(snap["rng"])
+    restore_rng(snap["rng"], backend=engine.backend)
     engine.clear()
     engine.sync()
 
@@ -143,8 +142,10 @@ def compile_step_programs(
         engine.compiled.expect_graphs(sum(map(len, plans)))
     for size, shapes in zip(batch_sizes, plans):
         run_each_shape(engine, lambda batch: engine.train_step([batch] * grad_accum), shapes, make_batch)
-        if evals and engine.xla:  # the eval split has its own bucket plan (a native eval runs eager)
-            prewarm(lambda batch: engine.eval_loss([batch]), data.shapes(size, data.eval_dataset), make_batch)
+        if evals and engine.backend.compiles_every_shape:  # the eval split has its own bucket plan
+            # (a native eval runs eager: nothing to compile)
+            eval_shapes = data.shapes(size, data.eval_dataset)
+            run_each_shape(engine, lambda batch: engine.eval_loss([batch]), eval_shapes, make_batch)
 
 
 def run_each_shape(
@@ -153,14 +154,15 @@ def run_each_shape(
     shapes: list[tuple[int, int]],
     make_batch: Callable[[tuple[int, int]], dict[str, torch.Tensor]],
 ) -> None:
-    """`step` once on a batch of each shape: on XLA through `prewarm` (a sync after each, the step's
-    outputs alive across it, as in the loop); on plain torch a compiled step's graphs compile as it runs."""
-    if engine.xla:
-        prewarm(step, shapes, make_batch)
-        return
+    """`step` once on a batch of each shape, each followed by the step's boundary with its outputs alive
+    across it, as in the loop (a tensor alive at an XLA sync is a program output: dropping them first
+    would compile another program); then wait for the device. On plain torch a compiled step's graphs
+    compile as it runs and the boundary does nothing."""
     for shape in shapes:
         out = step(make_batch(tuple(shape)))
+        engine.sync()
         del out
+    engine.backend.wait()
 
 
 def measure_step_costs(
@@ -195,27 +197,28 @@ def measure_step_costs(
     )
     batch = data.to_device(fake)
     snap = snapshot(engine)
+    backend = engine.backend
 
     def run_step() -> None:
         out = engine.train_step([batch] * grad_accum)
-        runtime.sync()  # with the step's outputs alive, as the loop does: the loop's own program
+        engine.sync()  # with the step's outputs alive, as the loop does: the loop's own program
         del out
 
-    compiles, compile_s = runtime.compile_count(), runtime.compile_time_s()
+    compiles, compile_s = backend.compile_count(), backend.compile_time_s()
     run_step()
-    runtime.wait_device_ops()
-    compiled, compile_s = runtime.compile_count() - compiles, runtime.compile_time_s() - compile_s
+    backend.wait()
+    compiled, compile_s = backend.compile_count() - compiles, backend.compile_time_s() - compile_s
     start = time.perf_counter()
     for _ in range(repeats):
         run_step()
-    runtime.wait_device_ops()
+    backend.wait()
     elapsed = time.perf_counter() - start
     restore(engine, snap)
     if not compiled:
         # The program was already compiled in this process or loaded from the persistent cache:
         # no compile to time. The mean of this process's compiles stands in; without any, None.
-        count = runtime.compile_count()
-        compile_s = runtime.compile_time_s() / count if count else None
+        count = backend.compile_count()
+        compile_s = backend.compile_time_s() / count if count else None
     return {
         "compile_seconds": None if compile_s is None else max(compile_s, 1e-6),
         "seconds_per_padded_token": max(elapsed, 1e-9) / (repeats * grad_accum * batch_size * length),
@@ -240,7 +243,8 @@ def choose_auto_buckets(
     if b.max_buckets != "auto" or b.packing or b.strategy == "none":
         return None
     measurement: dict[str, Any] = {}
-    if data.xla and (b.compile_seconds is None or b.seconds_per_padded_token is None):
+    costs_unset = b.compile_seconds is None or b.seconds_per_padded_token is None
+    if engine.backend.compiles_every_shape and costs_unset:
         measurement = measure_step_costs(engine, data, batch_size=batch_size)
         if b.compile_seconds is None and measurement["compile_seconds"] is None:
             # Every program came from the compile cache: a compile's cost is unknown here, and a

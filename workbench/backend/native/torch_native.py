@@ -51,8 +51,15 @@ class NativeTorch(Backend):
     def compile_count(self) -> int:
         return dynamo_compiles.graphs_compiled()
 
+    def compile_time_s(self) -> float:
+        return dynamo_compiles.graph_compile_s()
+
+    def compile_reader(self) -> dynamo_compiles.DynamoCompileReader:
+        return dynamo_compiles.reader()
+
     def memory_in_use(self) -> dict[str, int] | None:
-        if torch.device(self.device()).type != "cuda" or not torch.cuda.is_initialized():
+        if self.hw.backend != "cuda":  # the CPU's and TorchTPU's memory are not counted here
             return None
-        free, total = torch.cuda.mem_get_info()
-        return {"bytes_used": int(total - free), "bytes_limit": int(total)}
+        # what torch's caching allocator holds in tensors (0 before CUDA starts), against the detected memory
+        used = int(torch.cuda.memory_allocated())
+        return {"bytes_used": used, "bytes_limit": int(self.hw.memory_per_device_bytes or 0)}

@@ -7,6 +7,8 @@ process group; no GSPMD (`plan.refuse_unsupported_mesh`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from workbench.backend.native.torch_native import NativeTorch
 from workbench.backend.torchtpu import plan
 
@@ -15,6 +17,11 @@ class TorchTpu(NativeTorch):
     """TorchTPU's ``tpu`` device (see the module docstring)."""
 
     name = "torchtpu"
+
+    def joins_torchrun(self, cfg: Any) -> bool:
+        """Yes, with no GSPMD: ``mesh.model > 1`` is refused, with or without torchrun."""
+        plan.refuse_unsupported_mesh(cfg.mesh)
+        return True
 
     def wait(self) -> None:
         """Nothing to wait for that this module can name: TorchTPU's own synchronize is not public."""

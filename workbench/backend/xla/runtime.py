@@ -538,6 +538,16 @@ def is_xla_tensor(tensor: Any) -> bool:
     return xla_imported() and bool(_xm().is_xla_tensor(tensor))
 
 
+def fetch_to_host(tensors: Sequence[Any]) -> list[Any]:
+    """Every tensor of `tensors` on the host, whatever its device: the XLA ones in one batched transfer,
+    any other copied as it is (all of them, where torch_xla was never imported)."""
+    on_device = [i for i, t in enumerate(tensors) if is_xla_tensor(t)]
+    out = [t.detach().to("cpu") if i not in on_device else t for i, t in enumerate(tensors)]
+    for i, fetched in zip(on_device, to_cpu([tensors[i].detach() for i in on_device]) if on_device else []):
+        out[i] = fetched
+    return out
+
+
 def rng_state() -> int:
     """The XLA device's RNG seed state (an int)."""
     return int(_xm().get_rng_state())

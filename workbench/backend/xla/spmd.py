@@ -8,11 +8,14 @@ torch_xla itself offers is reached through `runtime`, the room's one importer of
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from workbench.backend.hardware import HardwareError, HardwareInfo
+from workbench.backend.native import process_group
 from workbench.backend.protocol import Backend, Batch
 from workbench.backend.xla import compile_log, runtime
 
@@ -23,9 +26,17 @@ class XlaSpmd(Backend):
     name = "torch_xla"
     compiles_every_shape = True
     gspmd = True
+    _program_peak: tuple[tuple[str, int] | None, int | None] = (None, None)
+    """(the compile log's path and size when last read, the peak it held then): read again only once it grew."""
 
     def device(self) -> torch.device:
         return runtime.device()
+
+    def joins_torchrun(self, cfg: Any) -> bool:
+        """Never: a pod's processes are the XLA runtime's, and torchrun's ranks that it does not join
+        are refused (`refuse_lone_xla_ranks`)."""
+        refuse_lone_xla_ranks(self.hw)
+        return False
 
     def device_batches(
         self, batches: Iterable[Batch], device: torch.device, *, sharding: Any = None
@@ -36,11 +47,13 @@ class XlaSpmd(Backend):
         runtime.close_device_iterator(batches)
 
     def host_copies(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        on_device = [i for i, t in enumerate(tensors) if runtime.is_xla_tensor(t)]
-        out = [t.detach().to("cpu") if i not in on_device else t for i, t in enumerate(tensors)]
-        for i, fetched in zip(on_device, runtime.to_cpu([tensors[i].detach() for i in on_device])):
-            out[i] = fetched
-        return out
+        return runtime.fetch_to_host(tensors)
+
+    def mesh_sharded(self, tensor: torch.Tensor) -> bool:
+        return runtime.is_xla_tensor(tensor) and bool(runtime.sharding_spec(tensor))
+
+    def local_shards_to_host(self, tensors: Sequence[torch.Tensor]) -> list[Any]:
+        return runtime.local_shards_to_cpu(tensors)
 
     def place_like(self, parameter: torch.Tensor, state: torch.Tensor) -> None:
         unannotated = runtime.is_xla_tensor(state) and not runtime.sharding_spec(state)
@@ -59,8 +72,27 @@ class XlaSpmd(Backend):
     def compile_count(self) -> int:
         return runtime.compile_count()
 
+    def compile_time_s(self) -> float:
+        return runtime.compile_time_s()
+
     def start_compile_log(self) -> list[str]:
         return compile_log.start_run_log()
+
+    def compile_reader(self) -> compile_log.CompileLogReader:
+        return compile_log.CompileLogReader()
+
+    def compiled_program_bytes(self) -> int | None:
+        path = compile_log.compile_memory_log_path()
+        if path is None or not os.path.exists(path):
+            return None
+        size = os.path.getsize(path)
+        if self._program_peak[0] != (path, size):  # the log grows only when a program compiles
+            records = compile_log.compiled_memory_records(path)
+            self._program_peak = ((path, size), max((r.peak_bytes for r in records), default=None))
+        return self._program_peak[1]
+
+    def transfer_count(self) -> int:
+        return runtime.transfer_count()
 
     def rng_state(self) -> dict[str, Any]:
         return {"xla": runtime.rng_state()}
@@ -78,3 +110,18 @@ class XlaSpmd(Backend):
     def attention_kernels(self) -> tuple[str, ...]:
         kernels = ("eager", "sdpa", "chunked")
         return (*kernels, "flash") if self.hw.backend == "tpu" else kernels
+
+
+def refuse_lone_xla_ranks(hw: HardwareInfo) -> None:
+    """`HardwareError` when torchrun started several ranks on an XLA device whose runtime sees this process
+    alone: each rank would train the whole run by itself, all of them printing and writing the same
+    checkpoint directory and metrics file. torchrun's ranks train on ``cuda`` or ``cpu``; XLA spreads one
+    process over its devices with ``mesh.*`` (SPMD)."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if process_group.launched_by_torchrun() and world > 1 and hw.num_processes == 1:
+        raise HardwareError(
+            f"torchrun started {world} ranks but this run's device ({hw.backend}) is an XLA one, whose "
+            "runtime sees this process alone (each rank would train the whole run by itself): under "
+            "torchrun use train.device_type=cuda or cpu (DDP/FSDP2 over the ranks); on XLA run one process "
+            "and spread it over the devices with mesh.data/mesh.fsdp/mesh.model"
+        )
