@@ -56,7 +56,7 @@ nitpick_ignore_regex = [
         r"py:.*",
         r"(torch|transformers|peft|datasets|numpy|np|plotly|go|ipywidgets|ipw|anywidget|traitlets|yaml)(\..*)?",
     ),
-    (r"py:.*", r"(pathlib|typing|collections|concurrent|threading|dataclasses|argparse|os)\..*"),
+    (r"py:.*", r"(abc|contextlib|pathlib|typing|collections|concurrent|threading|dataclasses|argparse|os)\..*"),
 ]
 
 
