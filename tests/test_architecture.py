@@ -219,3 +219,15 @@ def test_no_public_name_is_defined_in_two_modules():
                 where[name].append(_module_name(path))
     twice = {name: modules for name, modules in where.items() if len(modules) > 1}
     assert not twice, f"defined in more than one module (define once, import elsewhere): {twice}"
+
+
+def test_a_notebook_saved_before_the_backend_rooms_still_imports_what_moved():
+    with pytest.warns(
+        DeprecationWarning, match=r"workbench\.backend\.runtime moved to workbench\.backend\.xla\.runtime"
+    ):
+        from workbench.backend import runtime
+    from workbench.backend.xla import runtime as moved
+
+    assert runtime is moved
+    with pytest.raises(ImportError):
+        from workbench.backend import no_such_module  # noqa: F401

@@ -225,6 +225,13 @@ def test_sharded_checkpoint_loads_in_place_keeping_the_sharding(dcp_checkpoint):
 
 
 @pytest.mark.xla
+def test_a_manager_outside_a_run_loads_sharded_xla_tensors_in_place(dcp_checkpoint):
+    """`CheckpointManager(root)` with no run's backend reads a DCP part through the planner of the
+    device its targets are on (torch_xla's SPMD planner for XLA tensors)."""
+    assert dcp_checkpoint["w_ok_without_a_backend"]
+
+
+@pytest.mark.xla
 def test_partially_replicated_tensors_fall_back_to_full_tensors(dcp_checkpoint):
     assert "model.safetensors" in dcp_checkpoint["hsdp_files"] and dcp_checkpoint["hsdp_ok"]
 

@@ -1,4 +1,4 @@
-"""Recompile forensics (backend/compile_log.py, analysis/recompiles.py, the profiler's advice).
+"""Recompile forensics (backend/xla/compile_log.py, analysis/recompiles.py, the profiler's advice).
 
 The parser is checked on compile logs torch_xla 2.9 wrote on XLA:CPU (tests/data: level 1 from
 tests/xla/recompile_loop.py, level 2 from a two-shape script); the signature diff on real

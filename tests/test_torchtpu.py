@@ -421,3 +421,15 @@ def test_on_a_tpu_a_step_runs_on_the_tpu_device_and_compiles_with_backend_tpu():
     compiled = torch.compile(layer, backend=routing.compile_backend(hw), dynamic=False)
     x = torch.ones(2, 8, device=hw.device_string)
     assert torch.allclose(compiled(x).cpu(), layer(x).cpu(), atol=1e-5)
+
+
+def test_a_bf16_mixed_step_on_torchtpu_autocasts_only_where_tpu_has_an_autocast():
+    """torch without TorchTPU knows no device 'tpu': no autocast (fp32 compute), never an error."""
+    import torch
+
+    from workbench.backend.protocol import backend_for
+
+    backend = backend_for(_hw("tpu", chip="v6e"))
+    with backend.autocast("bf16-mixed"):
+        assert not torch.is_autocast_enabled("cpu")
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32

@@ -38,6 +38,7 @@ from typing import Any
 
 from workbench.backend import multihost
 from workbench.backend.hardware import HardwareError
+from workbench.backend.protocol import OneProcess
 from workbench.config import WorkbenchConfig, load_config
 
 EXIT_OK, EXIT_FAILED, EXIT_CANNOT_START, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -164,7 +165,7 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
     with notices_as_lines():  # data loading's notices (the format found, records left out) too
         train_ds, eval_ds, tokenizer = build_datasets(cfg)
         trainer = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=eval_ds, hardware=hw)
-    if trainer.replicas.world_size > 1:  # what each rank holds of the model
+    if not isinstance(trainer.replicas, OneProcess):  # torchrun's ranks: what each holds of the model
         multihost.print_on_main(
             f"ranks: {trainer.replicas.describe()}\n" + "\n".join(trainer.sharding_report)
         )

@@ -36,6 +36,14 @@ def main(checkpoint_dir: str, hsdp_dir: str) -> dict[str, Any]:
     spec_before = runtime.sharding_spec(w)
     loaded = manager.load(into={"model": {"w": w, "b": b}})
     expected = torch.arange(64 * 16, dtype=torch.float32).reshape(64, 16)
+    # a manager of its own (no run's backend): the planner follows the targets' device (torch_xla's)
+    with torch.no_grad():
+        w.zero_()
+    runtime.sync()
+    reloaded = CheckpointManager(checkpoint_dir).load(into={"model": {"w": w, "b": b}})
+    w_ok_without_a_backend = (
+        bool(torch.equal(reloaded["model"]["w"].cpu(), expected)) and reloaded["model"]["w"] is w
+    )
     # data x fsdp: sharded *and* partially replicated. torch_xla's planner drops such tensors
     # on one process, so the manager verifies DCP's index and falls back to full tensors.
     hsdp = runtime.spmd_mesh(list(range(8)), (2, 4), ("data", "fsdp"))
@@ -61,6 +69,7 @@ def main(checkpoint_dir: str, hsdp_dir: str) -> dict[str, Any]:
         "files": files,
         "w_ok": bool(torch.equal(loaded["model"]["w"].cpu(), expected)),
         "w_in_place": loaded["model"]["w"] is w,
+        "w_ok_without_a_backend": w_ok_without_a_backend,
         "spec_kept": runtime.sharding_spec(w) == spec_before and "devices=" in spec_before,
         "b_ok": bool(torch.equal(b.cpu(), torch.ones(16))),
         "step": loaded["step"],

@@ -69,4 +69,4 @@ class CompileRecord:
     """The post-compilation memory analysis; None if torch_xla wrote none (a failed compile)."""
     compiler: str = "torch_xla"
     """Who compiled it: 'torch_xla' (this log), or 'dynamo' (a torch.compile graph on plain torch,
-    recorded by `workbench.backend.dynamo_compiles`)."""
+    recorded by `workbench.backend.native.dynamo_compiles`)."""

@@ -260,6 +260,18 @@ def host_copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return runtime.fetch_to_host(tensors)
 
 
+def backend_of(tensors: Sequence[torch.Tensor]) -> Backend:
+    """The `Backend` of the device `tensors` are on, for a caller that holds none (a checkpoint read
+    outside a run): torch_xla's when any is an XLA tensor, else plain torch's on the CPU."""
+    from workbench.backend.hardware import detect
+    from workbench.backend.native.torch_native import NativeTorch
+    from workbench.backend.xla import runtime
+    from workbench.backend.xla.spmd import XlaSpmd
+
+    on_xla = any(runtime.is_xla_tensor(t) for t in tensors)
+    return XlaSpmd(dataclasses.replace(detect("cpu"), via_xla=True)) if on_xla else NativeTorch(detect("cpu"))
+
+
 def backend_for(hw: HardwareInfo | None) -> Backend:
     """The `Backend` of detection's `hw`: torch_xla where it runs through XLA, TorchTPU on its ``tpu``
     device, else plain torch. None (a caller told no hardware): this process's CPU, through torch_xla once

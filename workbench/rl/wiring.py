@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from workbench.backend.protocol import OneProcess
 from workbench.rl.metrics import RolloutLog
 from workbench.rl.prompt_loader import PromptColumns, prompt_loader
 from workbench.rl.rollout import Rollouts, RolloutStream, row_sharding
@@ -149,7 +150,7 @@ def grpo_objective(trainer: Any) -> torch.nn.Module:
 def check_grpo_run(trainer: Any) -> None:
     """What a GRPO run refuses: torchrun ranks, a teacher, rows that do not split over the mesh."""
     cfg = trainer.cfg
-    if trainer.replicas.world_size > 1:
+    if not isinstance(trainer.replicas, OneProcess):  # torchrun's, even of one process
         raise ValueError(
             "train.objective='grpo' runs in one process (XLA with SPMD meshes, one GPU or the CPU); "
             "under torchrun it is not supported: launch without --nproc"

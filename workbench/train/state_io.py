@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.backend.protocol import host_copies
+from workbench.backend.protocol import backend_of, host_copies
 from workbench.model_dirs import file_sha256
 from workbench.models.layer_stack import layer_slice_origin
 
@@ -485,12 +485,13 @@ def load_dcp(targets: dict[str, torch.Tensor], directory: Path, *, backend: Back
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
     planner: Any = DefaultLoadPlanner()
-    if backend is not None:
-        # torch_xla's planner reads each target's shards, which must not be mid-computation: a sync
-        # just before (a resume's placement, zeroed weights) may still be running
-        backend.wait()
-        planners = backend.checkpoint_planners()
-        planner = planners[1] if planners is not None else planner
+    # outside a run (a `CheckpointManager` of its own), the backend of the device the targets are on
+    backend = backend or backend_of(list(targets.values()))
+    # torch_xla's planner reads each target's shards, which must not be mid-computation: a sync
+    # just before (a resume's placement, zeroed weights) may still be running
+    backend.wait()
+    planners = backend.checkpoint_planners()
+    planner = planners[1] if planners is not None else planner
     joined = dist.is_available() and dist.is_initialized()
     dcp.load(
         unique_tensors(targets), storage_reader=_dcp_reader(directory), planner=planner, no_dist=not joined

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from workbench.analysis.metrics import perplexity
-from workbench.backend.protocol import Backend, Batch, Replicas
+from workbench.backend.protocol import Backend, Batch, OneProcess, Replicas
 from workbench.config import TrainConfig
 from workbench.parallel.torch_parallel import local_part
 from workbench.train.compiled_step import compiled_forward
@@ -61,7 +61,9 @@ class EvalLoss(float):
         return None if self.stats else perplexity(self)
 
 
-def clip_grad_norm_fp32(params: Sequence[torch.Tensor], max_norm: float, replicas: Replicas) -> torch.Tensor:
+def clip_grad_norm_fp32(
+    params: Sequence[torch.Tensor], max_norm: float, replicas: Replicas | None = None
+) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` with the norm summed in fp32 whatever the gradients' dtype;
     returns the total norm (a device tensor). torch sums each gradient's squares in its own dtype:
     in bf16 a large tensor's norm is off by several percent (a stacked ``[layers, ...]`` gradient
@@ -70,7 +72,7 @@ def clip_grad_norm_fp32(params: Sequence[torch.Tensor], max_norm: float, replica
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), dtype=torch.float32)
-    total = replicas.grad_norm(grads)
+    total = (replicas or OneProcess()).grad_norm(grads)
     coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
     with torch.no_grad():
         for g in grads:
