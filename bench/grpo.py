@@ -40,11 +40,9 @@ spaces or ``+-=#``), which varies within a group so every step has a gradient.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,9 +53,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.side_by_side import (  # noqa: E402
+    bench_environment,
+    error_line,
+    num,
+    print_row,
+    record_steps,
+    step_rate,
+)
+from bench.side_by_side import in_fresh_process as run_in_fresh_process  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "grpo.json"
-_MARK = "__VARIANT_RESULT__"
 SIDE_BY_SIDE = ("trl GRPOTrainer", "workbench Trainer")
 XLA_VARIANT = "workbench Trainer, XLA:CPU"
 LORA_RANK = 16
@@ -119,34 +125,6 @@ def prompts_and_model(args: argparse.Namespace, cfg):
     return train, tokenizer, build_model(cfg.model, vocab_size=len(tokenizer), seed=0)
 
 
-def _rate(times: list[float]) -> dict:
-    """The median step from each step's end time, the first step apart (the cores are shared: one
-    slow step says little); min and mean beside it."""
-    steps = [b - a for a, b in itertools.pairwise(times)]
-    if not steps:
-        return {"step_s": None, "min_step_s": None, "mean_step_s": None, "step_times_s": []}
-    return {
-        "step_s": statistics.median(steps),
-        "min_step_s": min(steps),
-        "mean_step_s": statistics.fmean(steps),
-        "step_times_s": steps,
-    }
-
-
-def _record_steps(trainer) -> list[float]:
-    """The wall clock when the loop counted each optimizer step (its `step_done`, wrapped on this instance)."""
-    times: list[float] = []
-    count = trainer.loop.step_done
-
-    def step_done(infos):
-        counted = count(infos)
-        times.append(time.perf_counter())
-        return counted
-
-    trainer.loop.step_done = step_done
-    return times
-
-
 def _workbench_split(history: list[dict]) -> dict:
     """Median rollout and training seconds per step, rollout tokens/s and completion length over the
     logged steps after the first (``train.log_every=1``: one entry per step)."""
@@ -179,14 +157,14 @@ def run_workbench(args: argparse.Namespace, *, xla: bool) -> dict:
     trainer = Trainer(
         cfg, model=model, tokenizer=tokenizer, train_dataset=train, rewards=["math_answer", math_chars]
     )
-    times = _record_steps(trainer)
+    _, times = record_steps(trainer)
     start = time.perf_counter()
     result = trainer.fit()
     row = {
         "variant": XLA_VARIANT if xla else SIDE_BY_SIDE[1],
         "device": f"XLA:CPU, {args.devices} device(s)" if xla else "cpu (plain PyTorch)",
         "torch_threads": torch.get_num_threads(),
-        **_rate(times),
+        **step_rate(times),
         **_workbench_split(result.history),
         "steps": len(times),
         "fit_s": time.perf_counter() - start,
@@ -285,7 +263,7 @@ def run_trl(args: argparse.Namespace) -> dict:
         trainer._generate_and_score_completions = timed_rollout
         trainer._generate_single_turn = timed_sample
         trainer.train()
-    rate = _rate(step_ends)
+    rate = step_rate(step_ends)
     later_rollouts, later_sampling = rollouts[1:], sampling[1:]  # the first step apart, as the steps
     tokens = sum(n for _, n in later_sampling)
     rollout_s = statistics.median(later_rollouts) if later_rollouts else None
@@ -314,26 +292,10 @@ def run_trl(args: argparse.Namespace) -> dict:
 
 
 def in_fresh_process(args: argparse.Namespace, name: str) -> dict:
-    argv = [sys.executable, __file__, "--variant", name, *args.passthrough]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
-    if name in SIDE_BY_SIDE:
-        env["USE_TORCH_XLA"] = "0"  # plain PyTorch: accelerate/transformers' documented switch
-        if args.cpu_threads:
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.cpu_threads)
-    else:
+    env = bench_environment(plain_torch=name in SIDE_BY_SIDE, cpu_threads=args.cpu_threads)
+    if name not in SIDE_BY_SIDE:
         env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(args.devices))
-    start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
-    lines = [line[len(_MARK) :] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"variant {name} failed:\n{proc.stderr[-3000:]}")
-    row = json.loads(lines[-1])
-    row["process_wall_s"] = time.perf_counter() - start
-    return row
-
-
-def _num(value: float | None, spec: str) -> str:
-    return format(value, spec) if value is not None else "-"
+    return run_in_fresh_process(__file__, name, args.passthrough, env, cwd=REPO, timeout=3600)
 
 
 def side_table(rows: list[dict]) -> str:
@@ -349,11 +311,11 @@ def side_table(rows: list[dict]) -> str:
             continue
         speed = r["step_s"] / ours["step_s"] if ours and r.get("step_s") else None
         lines.append(
-            f"{r['variant']:<18} {_num(r['step_s'], '.3f'):>7} {_num(speed, '.2f'):>5} "
-            f"{_num(r['min_step_s'], '.2f'):>6} {_num(r['mean_step_s'], '.2f'):>6} "
-            f"{_num(r['rollout_s'], '.3f'):>9} {_num(r['train_s'], '.3f'):>7} "
-            f"{_num(r['rollout_tokens_per_s'], ',.0f'):>13} {_num(r['completion_length'], '.1f'):>10} "
-            f"{_num(r['final_loss'], '.4f'):>10}"
+            f"{r['variant']:<18} {num(r['step_s'], '.3f'):>7} {num(speed, '.2f'):>5} "
+            f"{num(r['min_step_s'], '.2f'):>6} {num(r['mean_step_s'], '.2f'):>6} "
+            f"{num(r['rollout_s'], '.3f'):>9} {num(r['train_s'], '.3f'):>7} "
+            f"{num(r['rollout_tokens_per_s'], ',.0f'):>13} {num(r['completion_length'], '.1f'):>10} "
+            f"{num(r['final_loss'], '.4f'):>10}"
         )
     return "\n".join(lines)
 
@@ -371,18 +333,11 @@ def xla_table(row: dict) -> str:
         [
             f"{'step s':>7} {'rollout s':>9} {'train s':>7} {'rollout %':>9} {'rollout tok/s':>13} "
             f"{'warm-up compiles':>16} {'after warm-up':>13} {'process s':>9}",
-            f"{_num(step, '.3f'):>7} {_num(row['rollout_s'], '.3f'):>9} {_num(row['train_s'], '.3f'):>7} "
-            f"{_num(share and 100 * share, '.0f'):>9} {_num(row['rollout_tokens_per_s'], ',.0f'):>13} "
+            f"{num(step, '.3f'):>7} {num(row['rollout_s'], '.3f'):>9} {num(row['train_s'], '.3f'):>7} "
+            f"{num(share and 100 * share, '.0f'):>9} {num(row['rollout_tokens_per_s'], ',.0f'):>13} "
             f"{row['warmup_compiles']:>16} {row['compiles_after_warmup']:>13} {row['process_wall_s']:>9.0f}",
         ]
     )
-
-
-def _error_line(err: BaseException) -> str:
-    """The last exception line of a failed process's stderr (or the error itself)."""
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    found = [line for line in lines if "Error" in line or "Exception" in line]
-    return (found or lines or [repr(err)])[-1].strip()
 
 
 def _run(args: argparse.Namespace, name: str) -> dict:
@@ -390,7 +345,7 @@ def _run(args: argparse.Namespace, name: str) -> dict:
         row = in_fresh_process(args, name)
         print(f"  {name} done ({row['process_wall_s']:.0f} s)", flush=True)
     except RuntimeError as err:
-        row = {"variant": name, "error": _error_line(err), "stderr_tail": str(err)[-3000:]}
+        row = {"variant": name, "error": error_line(err), "stderr_tail": str(err)[-3000:]}
         print(f"  {name} failed: {row['error']}", flush=True)
     return row
 
@@ -441,7 +396,7 @@ def main() -> None:
         except Exception:
             traceback.print_exc()
             raise SystemExit(1) from None
-        print(_MARK + json.dumps(row), flush=True)
+        print_row(row)
         return
     start = time.perf_counter()
     side = [_run(args, name) for name in SIDE_BY_SIDE[1 if args.no_trl else 0 :]]

@@ -54,12 +54,9 @@ bench/results/preference.json.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import random
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -72,10 +69,18 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.side_by_side import (  # noqa: E402
+    bench_environment,
+    error_line,
+    num,
+    print_row,
+    record_steps,
+    step_rate,
+)
+from bench.side_by_side import in_fresh_process as run_in_fresh_process  # noqa: E402
 from workbench.backend.xla.runtime import XLA_CPU_MEMORY_SCHEDULER  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "preference.json"
-_MARK = "__VARIANT_RESULT__"
 # name -> (objective, LoRA, DPO reference, the SFT baseline its ratios are against)
 VARIANTS = {
     "sft-lora": ("sft", True, None, None),
@@ -189,21 +194,6 @@ def as_rows(pairs):
     return datasets.Dataset.from_dict(rows)
 
 
-def _record_steps(trainer) -> tuple[list[int], list[float]]:
-    """Per optimizer step, its real tokens and the wall clock when the loop counted it (the loop's
-    own `step_done`, wrapped on this instance: nothing else changes)."""
-    tokens, times = [], []
-    count = trainer.loop.step_done
-
-    def step_done(infos):
-        tokens.append(count(infos))
-        times.append(time.perf_counter())
-        return tokens[-1]
-
-    trainer.loop.step_done = step_done
-    return tokens, times
-
-
 # ---- one XLA:CPU variant --------------------------------------------------------------------------
 
 
@@ -221,7 +211,7 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
         train, held_out = as_rows(train), as_rows(held_out)
     model = build_model(cfg.model, vocab_size=args.vocab, seed=0)  # the tokenizer's ids are a subset
     trainer = Trainer(cfg, model=model, tokenizer=tokenizer, train_dataset=train, eval_dataset=held_out)
-    tokens, times = _record_steps(trainer)
+    tokens, times = record_steps(trainer)
     result = trainer.fit()
     memory = compile_log.compiled_memory_records()
     step = max(memory, key=lambda r: r.peak_bytes)  # the training step: the largest program
@@ -270,19 +260,12 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
 
 
 def _rate(times: list[float], batch: int) -> dict:
-    """Steps/s and pairs/s from each step's end time, the first step apart: from the median step
-    (the cores are shared: one slow step says little), the mean beside it."""
-    if len(times) < 2:
-        return {"steps_per_s": None, "pairs_per_s": None, "step_s": None}
-    steps = [b - a for a, b in itertools.pairwise(times)]
-    per_step = statistics.median(steps)
-    return {
-        "steps_per_s": 1 / per_step,
-        "pairs_per_s": batch / per_step,
-        "step_s": per_step,
-        "mean_step_s": statistics.fmean(steps),
-        "step_times_s": steps,
-    }
+    """Steps/s and pairs/s from the median step (`step_rate`), its min and mean beside it."""
+    rate = step_rate(times)
+    per_step = rate["step_s"]
+    if per_step is None:
+        return {"steps_per_s": None, "pairs_per_s": None, **rate}
+    return {"steps_per_s": 1 / per_step, "pairs_per_s": batch / per_step, **rate}
 
 
 def run_workbench_cpu(args: argparse.Namespace) -> dict:
@@ -295,7 +278,7 @@ def run_workbench_cpu(args: argparse.Namespace) -> dict:
     train, _, tokenizer = pair_datasets(args, cfg)
     model = build_model(cfg.model, vocab_size=args.vocab, seed=0)
     trainer = Trainer(cfg, model=model, tokenizer=tokenizer, train_dataset=train)
-    _, times = _record_steps(trainer)
+    _, times = record_steps(trainer)
     result = trainer.fit()
     return {
         "variant": SIDE_BY_SIDE[1],
@@ -409,32 +392,15 @@ def run_trl(args: argparse.Namespace) -> dict:
 
 
 def in_fresh_process(args: argparse.Namespace, name: str) -> dict:
-    argv = [sys.executable, __file__, "--variant", name, "--pairs", json.dumps(args.pairs), *args.passthrough]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PT_XLA_DEBUG")}
-    if name in SIDE_BY_SIDE:
-        # plain PyTorch: with torch_xla installed, accelerate and transformers put the model on the XLA
-        # device unless told not to (their documented switch)
-        env["USE_TORCH_XLA"] = "0"
-        if args.cpu_threads:
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.cpu_threads)
-    elif not args.default_scheduler:
+    env = bench_environment(plain_torch=name in SIDE_BY_SIDE, cpu_threads=args.cpu_threads)
+    if name not in SIDE_BY_SIDE and not args.default_scheduler:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {XLA_CPU_MEMORY_SCHEDULER}".strip()
-    start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    lines = [line[len(_MARK) :] for line in proc.stdout.splitlines() if line.startswith(_MARK)]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"variant {name} failed:\n{proc.stderr[-3000:]}")
-    row = json.loads(lines[-1])
-    row["process_wall_s"] = time.perf_counter() - start
-    return row
+    passthrough = ["--pairs", json.dumps(args.pairs), *args.passthrough]
+    return run_in_fresh_process(__file__, name, passthrough, env, cwd=REPO, timeout=1800)
 
 
 def _mib(value: float | None) -> str:
     return f"{value / 2**20:.1f}" if value is not None else "-"
-
-
-def _num(value: float | None, spec: str) -> str:
-    return format(value, spec) if value is not None else "-"
 
 
 def table(rows: list[dict]) -> str:
@@ -449,13 +415,13 @@ def table(rows: list[dict]) -> str:
         base = by_name.get(r["baseline"]) if r["baseline"] else None
         step_x = r["step_s"] / base["step_s"] if base and base["step_s"] and r["step_s"] else None
         peak_x = r["compiler_peak_bytes"] / base["compiler_peak_bytes"] if base else None
-        accuracy = [_num(r[k], ".0%") for k in ("train_reward_accuracy", "eval_reward_accuracy")]
+        accuracy = [num(r[k], ".0%") for k in ("train_reward_accuracy", "eval_reward_accuracy")]
         lines.append(
-            f"{r['variant']:<22} {_num(r['tokens_per_s'], '.0f'):>7} {_num(r['step_s'], '.3f'):>7} "
-            f"{_num(step_x, '.2f'):>5} {_mib(r['compiler_peak_bytes']):>17} {_num(peak_x, '.2f'):>5} "
+            f"{r['variant']:<22} {num(r['tokens_per_s'], '.0f'):>7} {num(r['step_s'], '.3f'):>7} "
+            f"{num(step_x, '.2f'):>5} {_mib(r['compiler_peak_bytes']):>17} {num(peak_x, '.2f'):>5} "
             f"{_mib(r['compiler_temp_bytes']):>8} {_mib(r['estimate_bytes']):>12} "
             f"{r['estimate_bytes'] / r['compiler_peak_bytes']:>8.2f} {r['compiles_after_warmup']:>10} "
-            f"{_num(r['final_loss'], '.4f'):>7} {accuracy[0]:>9} {accuracy[1]:>8}"
+            f"{num(r['final_loss'], '.4f'):>7} {accuracy[0]:>9} {accuracy[1]:>8}"
         )
     return "\n".join(lines)
 
@@ -473,20 +439,12 @@ def side_table(rows: list[dict]) -> str:
             continue
         speed = ours["step_s"] / r["step_s"] if ours and r.get("step_s") else None
         lines.append(
-            f"{r['variant']:<18} {_num(r['steps_per_s'], '.3f'):>8} {_num(r['pairs_per_s'], '.2f'):>8} "
-            f"{_num(r['step_s'], '.3f'):>7} {_num(speed, '.2f'):>5} {_num(min(r['step_times_s'], default=None), '.2f'):>6} "
-            f"{_num(r.get('mean_step_s'), '.2f'):>6} {_num(r['final_loss'], '.4f'):>10} "
-            f"{_num(r['train_reward_accuracy'], '.0%'):>9}"
+            f"{r['variant']:<18} {num(r['steps_per_s'], '.3f'):>8} {num(r['pairs_per_s'], '.2f'):>8} "
+            f"{num(r['step_s'], '.3f'):>7} {num(speed, '.2f'):>5} {num(min(r['step_times_s'], default=None), '.2f'):>6} "
+            f"{num(r.get('mean_step_s'), '.2f'):>6} {num(r['final_loss'], '.4f'):>10} "
+            f"{num(r['train_reward_accuracy'], '.0%'):>9}"
         )
     return "\n".join(lines)
-
-
-def _error_line(err: BaseException) -> str:
-    """The last exception line of a failed process's stderr (or the error itself)."""
-    text = str(err)
-    lines = [line for line in text.splitlines() if line.strip()]
-    found = [line for line in lines if "Error" in line or "Exception" in line]
-    return (found or lines or [repr(err)])[-1].strip()
 
 
 def main() -> None:
@@ -530,7 +488,7 @@ def main() -> None:
         except Exception:
             traceback.print_exc()
             raise SystemExit(1) from None
-        print(_MARK + json.dumps(row), flush=True)
+        print_row(row)
         return
     start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-preference-"))
@@ -544,7 +502,7 @@ def main() -> None:
             side.append(in_fresh_process(args, name))
             print(f"  {name} done ({side[-1]['process_wall_s']:.0f} s)", flush=True)
         except RuntimeError as err:
-            side.append({"variant": name, "error": _error_line(err), "stderr_tail": str(err)[-3000:]})
+            side.append({"variant": name, "error": error_line(err), "stderr_tail": str(err)[-3000:]})
             print(f"  {name} failed: {side[-1]['error']}", flush=True)
     scheduler = "default" if args.default_scheduler else "memory-minimising"
     shape = (
