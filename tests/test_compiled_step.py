@@ -104,6 +104,34 @@ def test_auto_compiles_on_cuda_only_and_xla_ignores_on_with_a_notice():
     assert not wanted and "GRPO" in notices[0]
 
 
+def test_the_step_compiles_with_the_runs_own_backend_tpu_on_torchtpu(monkeypatch):
+    """Without a test's override the compiled step takes the run's torch.compile backend
+    (`routing.compile_backend`): TorchTPU's 'tpu' (a stand-in registered under that name here)."""
+    import torch._dynamo.backends.registry as registry
+
+    from workbench.models.build import build_model
+    from workbench.train.compiled_step import compiled_forward
+    from workbench.train.objective import CausalLMObjective
+
+    graphs: list[int] = []
+
+    def tpu_stand_in(graph, example_inputs):
+        graphs.append(len(example_inputs))
+        return graph.forward
+
+    monkeypatch.setitem(registry._BACKENDS, "tpu", None)
+    monkeypatch.setitem(registry._COMPILER_FNS, "tpu", tpu_stand_in)
+    monkeypatch.setattr(compiled_step, "BACKEND", None)
+    model = build_model(tiny_cfg().model, seed=0)
+    step, notices = compiled_forward(
+        "on", model, CausalLMObjective(), backend=_backend("tpu"), objective_name="sft"
+    )
+    assert step is not None and step.backend == "tpu" and "(tpu, static shapes)" in notices[-1]
+    ids = torch.randint(0, 64, (2, 8))
+    out = step({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    assert graphs and torch.isfinite(out["loss_sum"])
+
+
 def test_compile_reads_yaml_on_and_off_and_names_the_choices_of_a_bad_setting():
     # YAML 1.1 reads a bare on/off as a boolean: the setting still means what it says
     assert WorkbenchConfig.from_yaml("train:\n  compile: off\n").train.compile == "off"

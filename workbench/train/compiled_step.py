@@ -38,10 +38,12 @@ import torch
 
 from workbench.backend.native import dynamo_compiles
 from workbench.backend.protocol import Backend
+from workbench.backend.routing import compile_backend
 
-BACKEND = "inductor"
-"""The torch.compile backend of the compiled step (the tests use 'aot_eager': the same graphs and
-guards without inductor's C++ build of each CPU graph, 17-86 s a shape on a 2-core host)."""
+BACKEND: str | None = None
+"""The torch.compile backend of the compiled step where set; None: the run's own
+(`workbench.backend.routing.compile_backend`: inductor, 'tpu' on TorchTPU). The tests set 'aot_eager':
+the same graphs and guards without inductor's C++ build of each CPU graph, 17-86 s a shape on a 2-core host."""
 
 MIN_CACHED_GRAPHS = 64
 """Graphs per compiled function Dynamo keeps before falling back to eager (its default is 8): bucket
@@ -72,14 +74,16 @@ class CompiledForward:
     batch)``) or, under torchrun, the wrapped step module (``step(batch)``), one static graph per
     batch shape, counted by `workbench.backend.native.dynamo_compiles`."""
 
-    def __init__(self, model: torch.nn.Module, objective: torch.nn.Module, *, wrapped: Any = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, objective: torch.nn.Module, *, compiler: str, wrapped: Any = None
+    ) -> None:
         import torch._dynamo
 
         self.model = model
         self.wrapped = wrapped is not None
-        self.backend = BACKEND
+        self.backend = compiler
         self.expect_graphs(0)
-        backend = dynamo_compiles.counting_backend(BACKEND, wrappers=(__file__,))
+        backend = dynamo_compiles.counting_backend(compiler, wrappers=(__file__,))
         self._compiled = torch.compile(wrapped if self.wrapped else objective, backend=backend, dynamic=False)
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -110,7 +114,8 @@ def compiled_forward(
     (`compile_wanted`), else None; with its notices, warned once here (the trainer's result lists
     them). `wrapped`: the data-parallel wrapper to compile in place of `objective` (under torchrun)."""
     wanted, notices = compile_wanted(setting, backend=backend, objective=objective_name)
-    step = CompiledForward(model, objective, wrapped=wrapped) if wanted else None
+    compiler = BACKEND or compile_backend(backend.hw)
+    step = CompiledForward(model, objective, compiler=compiler, wrapped=wrapped) if wanted else None
     if step is not None:
         notices.append(
             f"train.compile {setting}: the step's forward and loss run through torch.compile ({step.backend}, "
