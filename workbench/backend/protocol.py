@@ -69,10 +69,6 @@ class Backend(ABC):
         """Stop whatever copies batches in the background for a `device_batches` iterator."""
         return None  # nothing to do here by default
 
-    def host_copies(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """`tensors` on the host, in as few transfers as the backend allows."""
-        return [t.detach().to("cpu") for t in tensors]
-
     def place_like(self, parameter: torch.Tensor, state: torch.Tensor) -> None:
         """Lay out an optimizer `state` tensor like its `parameter` (a no-op where placement follows)."""
         return None  # nothing to do here by default
@@ -147,7 +143,7 @@ class Backend(ABC):
         """Each of `tensors` (`mesh_sharded` ones) as its local shards copied to the host in one transfer,
         in the form this backend's checkpoint save planner writes; a tensor of a backend without a mesh
         is its own one shard, a host copy."""
-        return self.host_copies(tensors)
+        return host_copies(tensors)
 
     def attention_kernels(self) -> tuple[str, ...]:
         """The ``model.attention`` kernels this backend runs."""
@@ -264,18 +260,18 @@ def backend_of(tensors: Sequence[torch.Tensor]) -> Backend:
     """The `Backend` of the device `tensors` are on, for a caller that holds none (a checkpoint read
     outside a run): torch_xla's when any is an XLA tensor, else plain torch's on the CPU."""
     from workbench.backend.hardware import detect
-    from workbench.backend.native.torch_native import NativeTorch
     from workbench.backend.xla import runtime
-    from workbench.backend.xla.spmd import XlaSpmd
 
     on_xla = any(runtime.is_xla_tensor(t) for t in tensors)
-    return XlaSpmd(dataclasses.replace(detect("cpu"), via_xla=True)) if on_xla else NativeTorch(detect("cpu"))
+    return backend_for(dataclasses.replace(detect("cpu"), via_xla=on_xla))
 
 
 def backend_for(hw: HardwareInfo | None) -> Backend:
-    """The `Backend` of detection's `hw`: torch_xla where it runs through XLA, TorchTPU on its ``tpu``
-    device, else plain torch. None (a caller told no hardware): this process's CPU, through torch_xla once
-    the process imported it (nothing is detected, no runtime started)."""
+    """The `Backend` of detection's `hw`, by routing's one rule (`routing.execution_backend`): torch_xla
+    where it runs through XLA, TorchTPU on its ``tpu`` device, else plain torch. None (a caller told no
+    hardware): this process's CPU, through torch_xla once the process imported it (nothing is detected,
+    no runtime started)."""
+    from workbench.backend import routing
     from workbench.backend.native.torch_native import NativeTorch
     from workbench.backend.torchtpu.backend import TorchTpu
     from workbench.backend.xla.spmd import XlaSpmd
@@ -285,6 +281,5 @@ def backend_for(hw: HardwareInfo | None) -> Backend:
         from workbench.backend.xla import runtime
 
         hw = dataclasses.replace(detect("cpu"), via_xla=runtime.xla_imported())
-    kinds: dict[tuple[bool, str], type[Backend]] = {(True, b): XlaSpmd for b in ("tpu", "cuda", "cpu")}
-    kinds[(False, "tpu")] = TorchTpu
-    return kinds.get((hw.via_xla, hw.backend), NativeTorch)(hw)
+    kinds: dict[str, type[Backend]] = {"torch_xla": XlaSpmd, "torchtpu": TorchTpu}
+    return kinds.get(routing.execution_backend(hw), NativeTorch)(hw)

@@ -46,9 +46,6 @@ class XlaSpmd(Backend):
     def close_batches(self, batches: Iterator[Batch]) -> None:
         runtime.close_device_iterator(batches)
 
-    def host_copies(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return runtime.fetch_to_host(tensors)
-
     def mesh_sharded(self, tensor: torch.Tensor) -> bool:
         return runtime.is_xla_tensor(tensor) and bool(runtime.sharding_spec(tensor))
 
