@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from workbench.config_checks import validate_run
+from workbench.config_checks import REFERENCE_FREE_LOSSES, validate_run  # noqa: F401 (the first: public here)
 from workbench.config_parse import (
     ConfigError,
     build_section,

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 
 from workbench.config_parse import require
 
+REFERENCE_FREE_LOSSES = ("simpo", "orpo")
+"""``train.dpo_loss`` values that need no reference model: no reference forward, no copy, no precompute."""
+
 if TYPE_CHECKING:
     from workbench.config import WorkbenchConfig
 
@@ -56,7 +59,7 @@ def validate_preference(cfg: WorkbenchConfig) -> None:
         )
         return
     require(
-        train.dpo_reference != "adapters_off" or cfg.lora.rank > 0 or train.dpo_loss in ("simpo", "orpo"),
+        train.dpo_reference != "adapters_off" or cfg.lora.rank > 0 or train.dpo_loss in REFERENCE_FREE_LOSSES,
         "train.dpo_reference",
         train.dpo_reference,
         "'adapters_off' needs LoRA adapters (lora.rank >= 1); without them use 'copy' or 'precompute'",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.analysis.rollout_memory import rollout_plan
+from workbench.config import REFERENCE_FREE_LOSSES
 
 
 def preference_reference(cfg: Any) -> str | None:
@@ -21,7 +22,9 @@ def preference_reference(cfg: Any) -> str | None:
     train = cfg.train
     if train.objective != "dpo":
         return None
-    if train.dpo_loss in ("simpo", "orpo"):  # reference-free: no reference forward, no copy, as precomputed
+    if (
+        train.dpo_loss in REFERENCE_FREE_LOSSES
+    ):  # reference-free: no reference forward, no copy, as precomputed
         return "precompute"
     if train.dpo_reference != "auto":
         return str(train.dpo_reference)

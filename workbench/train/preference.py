@@ -10,7 +10,7 @@ reference (the model it started from), and per pair ``h = (π_c − ref_c) − (
 - ``ipo`` (Azar et al., 2023): ``(h − 1 / (2β))²`` with every log-prob averaged over its answer's
   tokens, as TRL's ``DPOTrainer`` computes it.
 
-Two losses need no reference at all (`REFERENCE_FREE`: no reference model, no reference forward),
+Two losses need no reference at all (`workbench.config.REFERENCE_FREE_LOSSES`: no reference model, no reference forward),
 on the answers' log-probs averaged over their tokens (``c``, ``r``), as TRL computes them:
 
 - ``simpo`` (Meng et al., 2024; TRL's ``CPOTrainer`` with ``loss_type="simpo"``, ``cpo_alpha=0``):
@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.backend.xla import runtime
-from workbench.config import WorkbenchConfig
+from workbench.config import REFERENCE_FREE_LOSSES, WorkbenchConfig
 from workbench.data.loader import make_loader
 from workbench.data.preference import is_pair_dataset
 from workbench.data.records import IGNORE_INDEX
@@ -66,7 +66,6 @@ STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp"
 REFERENCE_COLUMNS = ("reference_chosen_logp", "reference_rejected_logp")
 """The dataset columns a precomputed reference adds (the collator turns them into ``reference_logps``)."""
 
-REFERENCE_FREE = ("simpo", "orpo")
 """The ``train.dpo_loss`` values that take no reference model."""
 
 PRECOMPUTE_BUCKETS = 4
@@ -88,7 +87,7 @@ class DPOSettings:
     def __post_init__(self) -> None:
         if self.beta <= 0:
             raise ValueError(f"train.dpo_beta={self.beta!r} is not allowed: must be > 0")
-        if self.loss not in ("sigmoid", "ipo", *REFERENCE_FREE):
+        if self.loss not in ("sigmoid", "ipo", *REFERENCE_FREE_LOSSES):
             raise ValueError(
                 f"train.dpo_loss={self.loss!r} is not allowed: 'sigmoid', 'ipo', 'simpo' or 'orpo'"
             )
@@ -96,7 +95,7 @@ class DPOSettings:
     @property
     def reference_free(self) -> bool:
         """Whether the loss takes no reference (SimPO, ORPO)."""
-        return self.loss in REFERENCE_FREE
+        return self.loss in REFERENCE_FREE_LOSSES
 
 
 def dpo_losses(
@@ -310,7 +309,7 @@ def resolve_reference(
     their passes would run different programs at the same time, so 'auto' copies there instead.
     """
     asked, lora = cfg.train.dpo_reference, is_lora(model)
-    if cfg.train.dpo_loss in REFERENCE_FREE:
+    if cfg.train.dpo_loss in REFERENCE_FREE_LOSSES:
         return "none", f"train.dpo_loss={cfg.train.dpo_loss!r} takes no reference model"
     hosts = _hosts() if hosts is None else hosts
     if asked == "precompute" and hosts > 1:
