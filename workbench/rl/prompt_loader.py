@@ -16,23 +16,13 @@ import bisect
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from workbench.data.loader import plan_for_config
+from workbench.data.loader import dataset_lengths, plan_for_config
 from workbench.data.sampler import BucketBatchSampler
 
 NOT_REWARD_COLUMNS = frozenset({"input_ids", "attention_mask", "labels", "length"})
 """Dataset columns that are the workbench's own tokens, not the record's: never passed to a reward."""
-
-
-def prompt_lengths(dataset: Any) -> np.ndarray:
-    """Token length of every prompt (its ``input_ids``)."""
-    names = getattr(dataset, "column_names", None)
-    ids = (
-        dataset["input_ids"] if names is not None else [dataset[i]["input_ids"] for i in range(len(dataset))]
-    )
-    return np.asarray([len(x) for x in ids], dtype=np.int64)
 
 
 class IndexedPrompts(torch.utils.data.Dataset):
@@ -106,7 +96,7 @@ def prompt_loader(
 
     if len(dataset) == 0:
         raise ValueError("the prompt dataset is empty: nothing to roll out")
-    lengths = prompt_lengths(dataset)
+    lengths = dataset_lengths(dataset)
     plan = plan_for_config(lengths, cfg, epochs=epochs)
     boundaries = plan.boundaries if plan is not None else None
     b = cfg.bucketing

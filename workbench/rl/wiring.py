@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from workbench.backend.protocol import OneProcess
+from workbench.data.loader import synthetic_batch
 from workbench.rl.metrics import RolloutLog
 from workbench.rl.prompt_loader import PromptColumns, prompt_loader
 from workbench.rl.rollout import Rollouts, RolloutStream, row_sharding
@@ -231,12 +232,12 @@ def warm_up_grpo(trainer: Any) -> int:
 
 
 def dummy_prompts(prompts: int, length: int, vocab: int) -> dict[str, torch.Tensor]:
-    """A host prompt batch of `prompts` x `length` random tokens (a private generator: the training RNG
-    does not move), laid out as `PromptCollator`'s."""
-    gen = torch.Generator().manual_seed(prompts * 10_007 + length)
+    """A host prompt batch of `prompts` x `length` random tokens (`synthetic_batch`'s: a private
+    generator, the training RNG does not move), laid out as `PromptCollator`'s."""
+    batch = synthetic_batch((prompts, length), vocab_size=vocab)
+    del batch["labels"]  # a prompt has none
     return {
-        "input_ids": torch.randint(0, vocab, (prompts, length), generator=gen),
-        "attention_mask": torch.ones((prompts, length), dtype=torch.long),
+        **batch,
         "index": torch.zeros((prompts,), dtype=torch.long),
         "filler": torch.zeros((prompts,), dtype=torch.bool),
     }
