@@ -42,7 +42,7 @@ from workbench.data.formats import FormatError, RecordError
 from workbench.data.math_sample import MATH_SAMPLE, math_sample_records
 from workbench.data.preference import _render_prompt, _text, _turns
 from workbench.data.records import convert_local
-from workbench.data.tokenizer import missing_chat_template
+from workbench.data.tokenizer import missing_chat_template, tokenizer_setting
 
 PROMPT_COLUMNS = ("prompt", "answer")
 """The columns of `load_prompts`' dataset that the rewards read by name (``data.columns`` keys)."""
@@ -190,12 +190,7 @@ def tokenize_prompts(dataset: Any, tokenizer: Any, data_cfg: Any, *, chat: bool 
     if chat:
         dataset = _as_chat(dataset)
     if _chat_prompts(dataset):
-        named_by = (
-            f"data.tokenizer_path={data_cfg.tokenizer_path!r}"
-            if data_cfg.tokenizer_path
-            else "the one beside the model directory"
-        )
-        missing = missing_chat_template(tokenizer, named_by)
+        missing = missing_chat_template(tokenizer, tokenizer_setting(data_cfg))
         if missing is not None:
             why = "data.chat=True renders them as user turns" if chat else "lists of turns"
             raise ValueError(

@@ -34,7 +34,7 @@ from workbench.backend.xla import runtime
 from workbench.data import formats
 from workbench.data.corpus import CHAT_SAMPLE, embedded_corpus
 from workbench.data.file_errors import DataFileError, data_file_error, load_errors, record_error
-from workbench.data.tokenizer import cache_root, get_tokenizer, missing_chat_template
+from workbench.data.tokenizer import cache_root, get_tokenizer, missing_chat_template, tokenizer_setting
 
 IGNORE_INDEX = -100
 """Label of a token that is not predicted (prompt, padding, packed borders); `torch`'s default ignore_index."""
@@ -355,12 +355,7 @@ def tokenize_records(dataset: Any, tokenizer: Any, data_cfg: Any) -> Any:
     """
     detected = formats.detect_format(dataset.column_names, data_cfg)
     if detected.chat:
-        named_by = (
-            f"data.tokenizer_path={data_cfg.tokenizer_path!r}"
-            if data_cfg.tokenizer_path
-            else "the one beside the model directory"
-        )
-        missing = missing_chat_template(tokenizer, named_by)
+        missing = missing_chat_template(tokenizer, tokenizer_setting(data_cfg))
         if missing is not None:
             raise ValueError(
                 f"the records are chat records (from {detected.reason}), which need a tokenizer with a chat "

@@ -138,6 +138,13 @@ def get_tokenizer(
     return tokenizer
 
 
+def tokenizer_setting(data_cfg: Any) -> str:
+    """What chose a run's tokenizer, as a message names it: ``data.tokenizer_path``, else the model's."""
+    if data_cfg.tokenizer_path:
+        return f"data.tokenizer_path={data_cfg.tokenizer_path!r}"
+    return "the one beside the model directory"
+
+
 def missing_chat_template(tokenizer: Any, named_by: str) -> str | None:
     """None when `tokenizer` has a chat template; else what to tell the user: which tokenizer has none
     (its directory, and `named_by`: the setting or flag that led to it) and how to give it one."""
