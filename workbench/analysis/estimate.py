@@ -527,9 +527,10 @@ def estimate(
     # A layer's attention temporaries live inside its backward pass, after the loss's logits are
     # freed: the peak holds the larger of the two (measured on XLA:CPU at 2048 and 4096 tokens,
     # tests/xla/attention_estimate.py), so only their excess over the logits term is added
-    logits = logits_bytes(rows=rows, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp)
     if rollout is not None:
         logits = grpo_logits_bytes(rows, seq_len, rollout.completion_positions, shape.vocab, mp)
+    else:
+        logits = logits_bytes(rows=rows, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp)
     transient = math.ceil(tokens * act["attention_transient"] * 4)
     scores_bytes = math.ceil(tokens * scores * score_bytes) + transient
     eager = ModelShape(**{**shape.__dict__, "attention": "eager"})
