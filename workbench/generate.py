@@ -273,9 +273,10 @@ class DeviceRollout:
     """[rows, C] the sampled tokens, the pad id after a row's end."""
     completion_mask: torch.Tensor
     """[rows, C] fp32: 1 on the completion's tokens up to and including the ending token."""
-    logps: torch.Tensor
+    logps: torch.Tensor | None
     """[rows, C] fp32: ``log_softmax(logits / temperature)`` at each sampled token, before top-k and
-    top-p (with temperature 0, greedy: of the unscaled logits); 0 past a row's end."""
+    top-p (with temperature 0, greedy: of the unscaled logits); 0 past a row's end. None when the
+    caller asked for none (``keep_logps=False``: no full-vocabulary log-softmax per token)."""
     lengths: torch.Tensor
     """[rows] long: tokens per completion, its ending token included."""
     finished: torch.Tensor
@@ -300,6 +301,7 @@ def sample_rollout(
     pad_token_id: int,
     seed: int = 0,
     row_sharding: RowSharding | None = None,
+    keep_logps: bool = True,
 ) -> DeviceRollout:
     """Sample one completion per row of `input_ids` [rows, P] (host, left-padded, `attention_mask`
     0 on the padding) on the model's device, and return them as a `DeviceRollout`.
@@ -312,7 +314,8 @@ def sample_rollout(
     docstring). `temperature` 0 is greedy; above 0 samples from the device RNG seeded by `seed`
     (restored afterwards), after `top_k` and `top_p` (transformers' order and semantics).
     `row_sharding` places each input tensor (default: ``.to(device)``); the KV cache and outputs
-    follow the inputs' sharding by propagation.
+    follow the inputs' sharding by propagation. `keep_logps`: the sampled tokens' log-probs are
+    computed and returned (a full-vocabulary log-softmax each step; without them ``logps`` is None).
     """
     options = _rollout_options(
         model,
@@ -327,7 +330,9 @@ def sample_rollout(
     )
     decoder = Decoder(model, None, int(input_ids.shape[0]), 0, **options)
     with inference(model), seeded(decoder, seed):
-        return _rollout(decoder, input_ids, attention_mask, max_new_tokens, max_new_tokens, row_sharding)
+        return _rollout(
+            decoder, input_ids, attention_mask, max_new_tokens, max_new_tokens, row_sharding, keep_logps
+        )
 
 
 def prewarm_rollout(
@@ -342,9 +347,10 @@ def prewarm_rollout(
     eos_token_id: int | Sequence[int] | None,
     pad_token_id: int,
     row_sharding: RowSharding | None = None,
+    keep_logps: bool = True,
 ) -> int:
     """Compile, on an XLA device, every program `sample_rollout` runs for `rows` prompts padded to
-    each of `buckets` with these options; returns how many were compiled (0 off XLA). Each bucket
+    each of `buckets` with these options (`keep_logps` as it is given); returns how many were compiled (0 off XLA). Each bucket
     decodes only the steps that reach its programs (`prewarm_generation`)."""
     bounds = _bucket_bounds(buckets)
     probe = torch.full((rows, bounds[0]), pad_token_id, dtype=torch.long)
@@ -368,7 +374,7 @@ def prewarm_rollout(
         for bucket in bounds:
             ids = torch.full((rows, bucket), pad_token_id, dtype=torch.long)
             steps = min(max_new_tokens, decoder.prewarm_steps(bucket, budget) + 1)
-            _rollout(decoder, ids, torch.ones_like(ids), max_new_tokens, steps, row_sharding)
+            _rollout(decoder, ids, torch.ones_like(ids), max_new_tokens, steps, row_sharding, keep_logps)
     runtime.wait_device_ops()
     return runtime.compile_count() - before
 
@@ -431,6 +437,7 @@ def _rollout(
     max_new_tokens: int,
     steps: int,
     row_sharding: RowSharding | None,
+    keep_logps: bool,
 ) -> DeviceRollout:
     """`steps` decode steps of a `max_new_tokens` rollout, laid out as a `DeviceRollout` and synced."""
     place = row_sharding or (lambda t: t.to(decoder.dev))
@@ -441,7 +448,7 @@ def _rollout(
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # as model.generate numbers them
     ids_dev, mask_dev = place(input_ids.long()), place(cache_mask)
     state = decoder.decode(
-        ids_dev, mask_dev, place(positions), budget, steps, check_stops=False, keep_logps=True
+        ids_dev, mask_dev, place(positions), budget, steps, check_stops=False, keep_logps=keep_logps
     )
     columns = torch.arange(budget, device=decoder.dev)
     completion_mask = (columns[None, :] < state.lengths[:, None]).long()

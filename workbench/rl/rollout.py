@@ -110,6 +110,8 @@ class Rollouts:
             pad_token_id=self.pad_token_id,
             row_sharding=self.place,
             seed=seed,
+            # the sampler's log-probs serve as the old policy's only when a rollout serves several steps
+            keep_logps=not greedy and grpo.num_iterations > 1,
         )
 
     def completions(self, rollout: Any) -> tuple[list[list[int]], list[bool]]:
