@@ -26,13 +26,6 @@ from workbench.doctor.versions import RESTART, _packaging, _satisfies, _spec
 CHECK_NAME = "TorchTPU"
 
 
-def torchtpu_present(packages: InstalledPackages) -> bool:
-    """Whether the installed ``torch-tpu`` distribution is Google's TorchTPU."""
-    return packages.version(DISTRIBUTION) is not None and is_torchtpu_metadata(
-        DISTRIBUTION, packages.urls(DISTRIBUTION)
-    )
-
-
 def _requirement(packages: InstalledPackages, name: str, fallback: str) -> Any:
     """torch-tpu's requirement on `name`, from its metadata, else `fallback` (0.2.0's)."""
     pkg = _packaging()

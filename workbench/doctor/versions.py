@@ -119,12 +119,15 @@ def python_check(packages: InstalledPackages, running: str | None = None) -> Che
     )
 
 
+def torchtpu_present(packages: InstalledPackages) -> bool:
+    """Whether the installed ``torch-tpu`` distribution is Google's TorchTPU."""
+    return packages.version(TORCHTPU) is not None and is_torchtpu_metadata(TORCHTPU, packages.urls(TORCHTPU))
+
+
 def torch_checks(packages: InstalledPackages, *, tpu: bool) -> list[Check]:
     """torch, torch_xla (same major.minor as torch) and libtpu (the version torch_xla pins)."""
     torch, xla = packages.version("torch"), packages.version("torch_xla")
-    torchtpu = packages.version(TORCHTPU) is not None and is_torchtpu_metadata(
-        TORCHTPU, packages.urls(TORCHTPU)
-    )
+    torchtpu = torchtpu_present(packages)
     return [
         _torch_check(packages, torch, xla),
         _xla_check(torch, xla, tpu=tpu, torchtpu=torchtpu),
