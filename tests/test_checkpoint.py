@@ -114,7 +114,7 @@ def test_rng_written_on_one_backend_resumes_on_another(tmp_path):
     """The device's RNG state sits beside the host's under its backend's own key (torch_xla's seed as
     "xla"): a checkpoint written on another backend restores the host's RNGs and leaves that key alone."""
     from workbench.backend.hardware import detect
-    from workbench.backend.protocol import backend_for
+    from workbench.backend.selection import backend_for
 
     host = backend_for(detect("cpu"))
     torch.manual_seed(5)

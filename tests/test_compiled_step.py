@@ -18,7 +18,8 @@ import torch
 
 from tests.test_train import tiny_cfg, token_dataset
 from workbench.backend.hardware import HardwareInfo
-from workbench.backend.protocol import Backend, backend_for
+from workbench.backend.protocol import Backend
+from workbench.backend.selection import backend_for
 from workbench.config import ConfigError, WorkbenchConfig
 from workbench.train import Trainer, compiled_step
 from workbench.train.compiled_step import compile_wanted

@@ -812,7 +812,8 @@ def test_a_precomputed_dpo_reference_is_every_pairs_own_on_every_rank(tmp_path):
     on every row (it once ran on the rank's rows only, and each pair got another pair's log-probs)."""
     from tests.preference_data import learnable_pairs, write_jsonl
     from workbench.backend.hardware import detect
-    from workbench.backend.protocol import OneProcess, backend_for
+    from workbench.backend.protocol import OneProcess
+    from workbench.backend.selection import backend_for
     from workbench.config import WorkbenchConfig
     from workbench.data.records import build_datasets
     from workbench.train.preference import REFERENCE_COLUMNS, precompute_reference

@@ -452,7 +452,7 @@ def host_training_state(
 ) -> Any:
     """A `TrainingState` on the host (what the Trainer checkpoints) around `build`'s model."""
     from workbench.backend.hardware import detect
-    from workbench.backend.protocol import backend_for
+    from workbench.backend.selection import backend_for
     from workbench.train.objective import CausalLMObjective, LossChunking
     from workbench.train.state import LoopState, TrainingState
 

@@ -100,7 +100,7 @@ def _adamw_steps(optimizer: torch.optim.Optimizer, model: torch.nn.Module, steps
 @pytest.mark.parametrize("saved_fused", [True, False], ids=["fused-to-host", "host-to-fused"])
 def test_a_checkpoint_of_fused_adamw_resumes_with_host_counters_and_back(tmp_path, saved_fused):
     from workbench.backend.hardware import detect
-    from workbench.backend.protocol import backend_for
+    from workbench.backend.selection import backend_for
     from workbench.train.checkpoint import CheckpointManager
     from workbench.train.optim import warmup_cosine
     from workbench.train.state import LoopState, TrainingState

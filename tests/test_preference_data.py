@@ -311,7 +311,8 @@ def _pair_dataset(n: int):
 
 def test_loader_batches_pairs_and_shapes_count_collated_rows():
     from workbench.backend.hardware import detect
-    from workbench.backend.protocol import OneProcess, backend_for
+    from workbench.backend.protocol import OneProcess
+    from workbench.backend.selection import backend_for
     from workbench.train.stream import TrainingData
 
     cfg = WorkbenchConfig().with_overrides(

@@ -274,7 +274,8 @@ def test_torchtpu_is_not_offered_torch_xla_s_pallas_flash_attention():
 
 
 def test_mesh_model_on_torchtpu_is_refused_in_one_line_naming_what_to_use(monkeypatch):
-    from workbench.backend.protocol import OneProcess, backend_for
+    from workbench.backend.protocol import OneProcess
+    from workbench.backend.selection import backend_for
     from workbench.config import ConfigError
     from workbench.train.ranks import start_replicas
 
@@ -427,7 +428,7 @@ def test_a_bf16_mixed_step_on_torchtpu_autocasts_only_where_tpu_has_an_autocast(
     """torch without TorchTPU knows no device 'tpu': no autocast (fp32 compute), never an error."""
     import torch
 
-    from workbench.backend.protocol import backend_for
+    from workbench.backend.selection import backend_for
 
     backend = backend_for(_hw("tpu", chip="v6e"))
     with backend.autocast("bf16-mixed"):

@@ -10,7 +10,8 @@ import torch
 
 from tests.xla import run
 from workbench.backend.hardware import detect
-from workbench.backend.protocol import OneProcess, backend_for
+from workbench.backend.protocol import OneProcess
+from workbench.backend.selection import backend_for
 from workbench.backend.xla import runtime
 from workbench.train.checkpoint import CheckpointManager
 from workbench.train.finite import first_non_finite

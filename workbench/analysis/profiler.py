@@ -36,7 +36,8 @@ from workbench.analysis.communication import CommunicationReport
 from workbench.analysis.flops import mfu
 from workbench.analysis.metrics import INTERVAL_KEYS, OBJECTIVE_KEYS, IntervalMetrics, perplexity
 from workbench.analysis.recompiles import RecompileTracker, input_signatures
-from workbench.backend.protocol import Backend, backend_for
+from workbench.backend.protocol import Backend
+from workbench.backend.selection import backend_for
 
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo

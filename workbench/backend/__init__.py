@@ -1,5 +1,5 @@
-"""What the run executes on: the execution backend protocol (`protocol`: `Backend`, `Replicas`,
-`backend_for`) and its rooms, `xla` (torch_xla's SPMD; `xla.runtime` is the one module that imports
+"""What the run executes on: the execution backend protocol (`protocol`: `Backend`, `Replicas`) and its
+rooms (`selection.backend_for` picks one), `xla` (torch_xla's SPMD; `xla.runtime` is the one module that imports
 torch_xla, with `xla.tpu_attention` beside it), `native` (plain torch on the CPU and CUDA, torchrun's
 process group) and `torchtpu` (TPU-only); hardware detection (`hardware`), which backend a run takes
 and why (`routing`), the machines a config can be planned for (`targets`) and multi-host processes

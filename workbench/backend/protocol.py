@@ -16,13 +16,13 @@ branches on which execution model it runs under:
   its mesh); torchrun's ranks are `workbench.train.ranks.RankTraining` (DDP and FSDP2 sit above
   this layer, in `workbench.parallel.torch_parallel`).
 
-`backend_for(hw)` picks the `Backend` from detection's `HardwareInfo`.
+`workbench.backend.selection.backend_for(hw)` picks the `Backend` from detection's `HardwareInfo`
+(that module sits above the implementations, which build on this one).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -254,32 +254,3 @@ def host_copies(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     from workbench.backend.xla import runtime
 
     return runtime.fetch_to_host(tensors)
-
-
-def backend_of(tensors: Sequence[torch.Tensor]) -> Backend:
-    """The `Backend` of the device `tensors` are on, for a caller that holds none (a checkpoint read
-    outside a run): torch_xla's when any is an XLA tensor, else plain torch's on the CPU."""
-    from workbench.backend.hardware import detect
-    from workbench.backend.xla import runtime
-
-    on_xla = any(runtime.is_xla_tensor(t) for t in tensors)
-    return backend_for(dataclasses.replace(detect("cpu"), via_xla=on_xla))
-
-
-def backend_for(hw: HardwareInfo | None) -> Backend:
-    """The `Backend` of detection's `hw`, by routing's one rule (`routing.execution_backend`): torch_xla
-    where it runs through XLA, TorchTPU on its ``tpu`` device, else plain torch. None (a caller told no
-    hardware): this process's CPU, through torch_xla once the process imported it (nothing is detected,
-    no runtime started)."""
-    from workbench.backend import routing
-    from workbench.backend.native.torch_native import NativeTorch
-    from workbench.backend.torchtpu.backend import TorchTpu
-    from workbench.backend.xla.spmd import XlaSpmd
-
-    if hw is None:
-        from workbench.backend.hardware import detect
-        from workbench.backend.xla import runtime
-
-        hw = dataclasses.replace(detect("cpu"), via_xla=runtime.xla_imported())
-    kinds: dict[str, type[Backend]] = {"torch_xla": XlaSpmd, "torchtpu": TorchTpu}
-    return kinds.get(routing.execution_backend(hw), NativeTorch)(hw)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from workbench.backend.protocol import backend_for
+from workbench.backend.selection import backend_for
 from workbench.models.attention import CHUNKED, FLASH, QUERY_CHUNK, query_chunk, register_attention
 from workbench.models.build import transformers_config_of
 

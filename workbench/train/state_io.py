@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from workbench.backend.protocol import backend_of, host_copies
+from workbench.backend.protocol import host_copies
+from workbench.backend.selection import backend_of
 from workbench.model_dirs import file_sha256
 from workbench.models.layer_stack import layer_slice_origin
 

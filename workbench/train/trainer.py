@@ -38,7 +38,7 @@ from workbench.analysis.metrics import ROLLOUT_KEYS, IntervalMetrics, RunMetrics
 from workbench.analysis.profiler import StepProfiler
 from workbench.backend.compile_cache import enable_compile_cache
 from workbench.backend.hardware import HardwareInfo, detect
-from workbench.backend.protocol import backend_for
+from workbench.backend.selection import backend_for
 from workbench.backend.xla import runtime
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
