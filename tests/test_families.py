@@ -24,7 +24,8 @@ from workbench.models import build
 from workbench.models.build import build_model, count_parameters, hf_config
 from workbench.models.families import FAMILIES, FAMILY_NAMES, Layout
 from workbench.parallel.plan import plan_sharding
-from workbench.parallel.rules import RULE_TABLES, TP_PLAN, TP_PLAN_TABLE, rules_for
+from workbench.parallel.rules import RULE_TABLES, TP_PLAN_TABLE, rules_for
+from workbench.parallel.sharding_rule import TP_PLAN
 
 # Adding a family: its registry entry, and its name here.
 EXPECTED = ("llama", "qwen2", "mistral", "gemma", "gpt2", "gemma2", "gemma3_text", "qwen3", "phi3")

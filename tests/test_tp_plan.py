@@ -20,15 +20,14 @@ from tests.xla.tp_plan_training import build
 from workbench.models.build import build_model
 from workbench.parallel.apply import transposed_weights
 from workbench.parallel.plan import lora_spec, plan_sharding, rule_name
-from workbench.parallel.rules import (
-    DECODER_RULES,
+from workbench.parallel.rules import DECODER_RULES, rules_for
+from workbench.parallel.sharding_rule import (
     FSDP_FALLBACK,
     FSDP_ONLY_RULES,
     HAND_RULE,
     TP_PLAN,
     RuleTable,
     rule,
-    rules_for,
 )
 from workbench.parallel.tp_plan import STYLE_LAYOUTS, layout_spec, plan_rules, tp_plan_rules
 

@@ -20,7 +20,7 @@ from workbench.analysis.estimate import estimate, estimate_attention
 from workbench.analysis.shape import model_shape
 from workbench.analysis.tables import format_table
 from workbench.backend.targets import Target, mesh_factorisations, resolve_target
-from workbench.parallel.rules import ShardingError
+from workbench.parallel.sharding_rule import ShardingError
 from workbench.units import GiB, format_bytes, format_step_time
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from workbench.backend.xla import runtime
-from workbench.parallel.rules import ShardingError
+from workbench.parallel.sharding_rule import ShardingError
 from workbench.units import nearby_multiples
 
 if TYPE_CHECKING:  # imported for annotations only: no runtime cost, no cycles

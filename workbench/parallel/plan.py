@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.parallel.mesh import AXES
-from workbench.parallel.rules import (
+from workbench.parallel.rules import rules_for_mesh
+from workbench.parallel.sharding_rule import (
     FSDP_FALLBACK,
     AxisEntry,
     PartitionSpec,
     ShardingError,
     ShardingRule,
     as_rules,
-    rules_for_mesh,
 )
 from workbench.units import format_bytes
 

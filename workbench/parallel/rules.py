@@ -1,7 +1,7 @@
 """Sharding rules as data: per model family, parameter-name patterns -> tensor-parallel partition specs.
 
 A table is an ordered list of `ShardingRule` (parameter-name regex -> partition spec over the
-``model`` axis); the first rule that matches a parameter wins. `rules_for` picks a model's
+``model`` axis, `workbench.parallel.sharding_rule`); the first rule that matches a parameter wins. `rules_for` picks a model's
 table: a hand table named by its family's registry entry (`workbench.models.families`, a key
 of `RULE_TABLES`), else rules derived from transformers' own tensor-parallel plan
 (`workbench.parallel.tp_plan`), else `FSDP_ONLY_RULES`. The FSDP axis is then placed on the
@@ -13,83 +13,13 @@ Plain Python: nothing here touches torch_xla.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench.models.families import FAMILIES
-
-if TYPE_CHECKING:  # imported for annotations only: no runtime cost, no cycles
-    pass
-
-AxisEntry = str | tuple[str, ...] | None
-"""One entry of a partition spec: a mesh axis, several axes (major first) or None (replicated)."""
-PartitionSpec = tuple[AxisEntry, ...]
-
-
-class ShardingError(ValueError):
-    """A sharding that cannot be applied; the message names the parameter, dimension and axis."""
-
-
-# ---- rules as data -------------------------------------------------------------------
-
-
-TP_PLAN = "tp plan"
-"""`ShardingRule.source` of a rule derived from transformers' own tensor-parallel plan."""
-HAND_RULE = "hand rule"
-"""`ShardingRule.source` of a rule written here (or passed in by the caller)."""
-FSDP_FALLBACK = "fsdp fallback"
-"""`ShardingRule.source` of a rule that only spreads a parameter over ``fsdp`` (no plan, no hand rule)."""
-
-
-@dataclass(frozen=True)
-class ShardingRule:
-    """Parameters whose name matches `pattern` (``re.search``) get `spec` over the `model` axis.
-
-    `spec` has one entry per tensor dimension (a mesh axis, a tuple of axes, or None), or is
-    None for "replicate everywhere". With `fsdp=True` the `fsdp` axis then goes on the largest
-    dimension the spec leaves free (one that divides by the fsdp size). `source` says where the
-    rule came from (`TP_PLAN`, `HAND_RULE`, `FSDP_FALLBACK`); with `ndim` set, the rule applies
-    only to parameters with that many dimensions (one plan style gives a weight, its bias and a
-    stacked-experts tensor different specs).
-    """
-
-    pattern: str
-    spec: PartitionSpec | None
-    note: str = ""
-    fsdp: bool = True
-    source: str = HAND_RULE
-    ndim: int | None = None
-
-    def applies(self, name: str, ndim: int) -> bool:
-        return (self.ndim is None or self.ndim == ndim) and re.search(self.pattern, name) is not None
-
-
-class RuleTable(tuple):
-    """A rule table (a tuple of `ShardingRule`) with `notes` for the sharding report: why a
-    family got FSDP only, which plan styles could not be mapped."""
-
-    notes: tuple[str, ...] = ()
-
-    def __new__(cls, rules: Iterable[ShardingRule], notes: Iterable[str] = ()) -> RuleTable:
-        table = super().__new__(cls, rules)
-        table.notes = tuple(notes)
-        return table
-
-
-def rule(
-    pattern: str,
-    spec: PartitionSpec | None,
-    note: str = "",
-    *,
-    fsdp: bool = True,
-    source: str = HAND_RULE,
-    ndim: int | None = None,
-) -> ShardingRule:
-    return ShardingRule(pattern, spec, note, fsdp, source, ndim)
-
+from workbench.parallel import tp_plan
+from workbench.parallel.sharding_rule import FSDP_ONLY_RULES, RuleTable, ShardingRule, as_rules, rule
 
 # Llama, Mistral, Qwen2/3 and Gemma 1/2/3 share module names in `transformers` (the extra norms
 # of Gemma 2/3 and Qwen3 end in `norm.weight` too); these families now shard by transformers'
@@ -124,13 +54,6 @@ GPT2_RULES: tuple[ShardingRule, ...] = (
     rule(r"lm_head\.weight$", ("model", None), "vocab-parallel output"),
 )
 
-FSDP_ONLY_RULES: tuple[ShardingRule, ...] = (
-    rule(r"(norm|ln_\w+)\.(weight|bias)$", None, "norm: tiny, replicated", source=FSDP_FALLBACK),
-    rule(r"\.bias$", None, "bias: tiny, replicated", source=FSDP_FALLBACK),
-    rule(r".", tuple(), "FSDP: largest dimension over fsdp", source=FSDP_FALLBACK),
-)
-"""Family-agnostic rules: FSDP on every weight, no tensor parallelism (a `model` axis holds replicas)."""
-
 # Which rules a family gets (`rules_for`): transformers' own tensor-parallel plan wherever the
 # config class declares one (`workbench.parallel.tp_plan`; a registry entry says so with
 # ``sharding=TP_PLAN_TABLE``), a hand table where transformers has none (GPT-2), FSDP only
@@ -155,9 +78,6 @@ def rules_for(model_or_type: Any) -> tuple[ShardingRule, ...]:
     report saying so: never an error. Rules see through PEFT's wrappers (``base_layer``), and
     LoRA adapters follow their base layer (`workbench.parallel.plan`).
     """
-    # tp_plan builds on this module's rule type: imported here, when first needed (no cycle).
-    from workbench.parallel import tp_plan
-
     model_type = model_or_type if isinstance(model_or_type, str) else _model_type(model_or_type)
     family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is not None and family.sharding in RULE_TABLES:
@@ -212,15 +132,3 @@ def _model_type(model: Any) -> str | None:
     if config is None and hasattr(model, "get_base_model"):  # PEFT wrappers
         config = getattr(model.get_base_model(), "config", None)
     return getattr(config, "model_type", None)
-
-
-def as_rules(rules: Iterable[Any]) -> list[ShardingRule]:
-    out = []
-    for item in rules:
-        if isinstance(item, ShardingRule):
-            out.append(item)
-        elif isinstance(item, Sequence) and len(item) in (2, 3) and isinstance(item[0], str):
-            out.append(ShardingRule(item[0], None if item[1] is None else tuple(item[1]), *item[2:]))
-        else:
-            raise ShardingError(f"rule {item!r} is not allowed: expected ShardingRule or (pattern, spec)")
-    return out

@@ -51,7 +51,7 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from workbench.parallel.rules import (
+from workbench.parallel.sharding_rule import (
     FSDP_FALLBACK,
     FSDP_ONLY_RULES,
     HAND_RULE,
