@@ -32,10 +32,8 @@ import traceback
 from typing import Any
 
 from workbench.backend.hardware import HardwareError
+from workbench.eval_setup import _print_notice, eval_defaults
 from workbench.run import EXIT_CANNOT_START, EXIT_FAILED, EXIT_OK, notices_as_lines
-
-_READ_AS_TRAINED = ("max_length", "text_field", "chat", "tokenizer_path", "tokenizer_vocab_size")
-"""The ``data.*`` settings of a checkpoint's run that `eval` keeps: how text became tokens."""
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,23 +142,3 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, str, int]:
         eval_dataset=records,
     )
     return trainer, model_dir.describe(), len(records)
-
-
-def eval_defaults(args: argparse.Namespace, model_dir: Any) -> Any:
-    """The config ``eval`` starts from: ``--config``'s, else the defaults with, for a training
-    checkpoint, how its run read text (`_READ_AS_TRAINED`)."""
-    from workbench.config import WorkbenchConfig, load_config
-
-    defaults = load_config(args.config) if args.config else WorkbenchConfig()
-    if model_dir.kind == "checkpoint" and not args.config and model_dir.run_config:
-        # how the run read its text, not which file it read: its columns and filter fit its own data
-        saved = model_dir.run_config.get("data", {})
-        defaults.data = WorkbenchConfig.from_dict(
-            {"data": {k: saved[k] for k in _READ_AS_TRAINED if k in saved}}
-        ).data
-    return defaults
-
-
-def _print_notice(message: str) -> None:
-    """A notice of this read-only command (a damaged checkpoint skipped): one ``notice:`` line on stderr."""
-    print(f"notice: {message}", file=sys.stderr)

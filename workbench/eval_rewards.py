@@ -21,7 +21,7 @@ import traceback
 from typing import Any
 
 from workbench.backend.hardware import HardwareError
-from workbench.eval_command import _print_notice, eval_defaults
+from workbench.eval_setup import _print_notice, eval_defaults
 from workbench.run import EXIT_CANNOT_START, EXIT_FAILED, EXIT_OK, notices_as_lines
 
 
