@@ -7,7 +7,7 @@ then leaves them unset and the trainer measures them on the run's first shape). 
 it for its config overrides and for the costs to preview with.
 
 `new_tradeoff_figure` (a `widgets.live_plot.FigureView`) / `draw_tradeoff` (on it or on a plain
-`go.Figure`) draw a `workbench.data.bucket_choice.BucketChoice`: per
+`go.Figure`) draw a `workbench.data.buckets.BucketChoice`: per
 number of shapes K, the predicted seconds spent compiling and spent on (padded) training steps,
 stacked, with the K that minimises their sum marked, and the slider's K when 'auto' is off.
 """

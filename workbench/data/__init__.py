@@ -5,8 +5,8 @@ The flow: `records.build_datasets` (load, tokenise, split, shard by host) -> `lo
 that pads to the bucket or packs) -> the trainer's stream.
 """
 
-from workbench.data.bucket_choice import BucketChoice, choose_buckets
-from workbench.data.buckets import STRATEGIES, BucketPlan, padded_tokens_for, plan_buckets
+from workbench.data.bucket_choice import choose_buckets
+from workbench.data.buckets import STRATEGIES, BucketChoice, BucketPlan, padded_tokens_for, plan_buckets
 from workbench.data.collate import (
     BucketCollator,
     PackedCollator,

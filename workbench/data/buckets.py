@@ -20,6 +20,9 @@ shapes fixed), which is what the planner minimises (`padded_tokens_for`). Per-ba
 would be the right target only for batches formed first and padded to their longest member
 (strategy "none"); their maxima depend on the shuffle, change every epoch and give one shape
 per distinct maximum — the recompilation bucketing exists to avoid.
+
+A plan that `workbench.data.bucket_choice.choose_buckets` made carries its `BucketChoice`: why it has the
+number of shapes it has (the inputs and the predicted time per K).
 """
 
 from __future__ import annotations
@@ -27,12 +30,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
-
-if TYPE_CHECKING:  # the chooser imports this module: a runtime import would be circular
-    from workbench.data.bucket_choice import BucketChoice
 
 STRATEGIES = ("optimal", "pow2", "multiple", "quantile", "max")
 Strategy = Literal["optimal", "pow2", "multiple", "quantile", "max"]
@@ -101,6 +101,91 @@ class BucketPlan:
         if self.choice is not None:
             out["choice"] = self.choice.summary()
         return out
+
+
+@dataclass(frozen=True)
+class BucketChoice:
+    """Why a plan has the number of shapes it has: the inputs and the predicted time per K."""
+
+    compile_seconds: float
+    """Seconds one more shape costs to compile."""
+    seconds_per_padded_token: float
+    """Training seconds per padded token."""
+    epochs: float
+    """Passes over the lengths the run makes."""
+    padded_tokens: list[int]
+    """Fewest padded tokens of one pass with at most K shapes, for K = 1, 2, ... (entry K-1)."""
+    chosen: int
+    """The number of shapes chosen."""
+    chosen_padded_tokens: int
+    """Padded tokens of one pass under the chosen plan."""
+    source: str = "given"
+    """Where the two costs came from ("given", "measured", or "no compiles" off XLA)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Facts of the measurement, if any (e.g. the shape it ran on)."""
+
+    def padded_for(self, shapes: int) -> int:
+        if shapes == self.chosen:
+            return self.chosen_padded_tokens
+        if not 1 <= shapes <= len(self.padded_tokens):
+            raise ValueError(f"shapes={shapes} is not on the curve: expected 1..{len(self.padded_tokens)}")
+        return self.padded_tokens[shapes - 1]
+
+    def steps_seconds(self, shapes: int) -> float:
+        """Predicted seconds of the training steps with `shapes` shapes (the padding part)."""
+        return self.epochs * self.padded_for(shapes) * self.seconds_per_padded_token
+
+    def compile_part(self, shapes: int) -> float:
+        """Predicted seconds compiling `shapes` shapes."""
+        return shapes * self.compile_seconds
+
+    def predicted_seconds(self, shapes: int) -> float:
+        """Predicted total: steps plus compiles."""
+        return self.steps_seconds(shapes) + self.compile_part(shapes)
+
+    @property
+    def predicted_total_s(self) -> float:
+        """The chosen plan's predicted total seconds."""
+        return self.predicted_seconds(self.chosen)
+
+    def curve(self) -> list[dict[str, float]]:
+        """One row per K on the curve (and the chosen K): shapes, compile_s, steps_s, total_s."""
+        ks = sorted({*range(1, len(self.padded_tokens) + 1), self.chosen})
+        return [
+            {
+                "shapes": k,
+                "compile_s": self.compile_part(k),
+                "steps_s": self.steps_seconds(k),
+                "total_s": self.predicted_seconds(k),
+            }
+            for k in ks
+        ]
+
+    def describe(self) -> str:
+        """One line: the choice, its predicted total and its inputs."""
+        if self.compile_seconds == 0:  # nothing to weigh: the per-token figure is only a placeholder
+            return (
+                f"bucketing auto: {self.chosen} shapes, the fewest padded tokens ({self.chosen_padded_tokens:,} "
+                f"per epoch; {self.source}: every distinct rounded length its own shape)"
+            )
+        return (
+            f"bucketing auto: {self.chosen} shapes, predicted {self.predicted_total_s:.1f} s "
+            f"({self.compile_part(self.chosen):.1f} s compiling + {self.steps_seconds(self.chosen):.1f} s of steps) "
+            f"from compile {self.compile_seconds:.3g} s/shape and {self.seconds_per_padded_token:.3g} s/padded token "
+            f"({self.source}) over {self.epochs:.3g} epochs"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "chosen_shapes": self.chosen,
+            "predicted_total_s": self.predicted_total_s,
+            "compile_seconds": self.compile_seconds,
+            "seconds_per_padded_token": self.seconds_per_padded_token,
+            "epochs": self.epochs,
+            "source": self.source,
+            "curve": self.curve(),
+            **({"measurement": dict(self.extra)} if self.extra else {}),
+        }
 
 
 def padded_tokens_for(lengths: Sequence[int] | np.ndarray, boundaries: Sequence[int]) -> int:

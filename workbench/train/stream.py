@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from workbench.backend.protocol import Backend, Batch, Replicas
-from workbench.data.bucket_choice import BucketChoice
+from workbench.data.buckets import BucketChoice
 from workbench.data.loader import dataset_lengths, make_loader, training_epochs
 from workbench.data.preference import is_pair_dataset
 from workbench.data.records import IGNORE_INDEX

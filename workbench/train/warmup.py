@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from workbench.data.bucket_choice import BucketChoice
-from workbench.data.buckets import round_up
+from workbench.data.buckets import BucketChoice, round_up
 from workbench.data.loader import dataset_lengths, plan_for_config, synthetic_batch
 from workbench.data.preference import is_pair_dataset
 from workbench.data.sampler import batch_rows
