@@ -296,7 +296,7 @@ def trl_records(args: argparse.Namespace, tokenizer) -> list[dict[str, str]]:
     """The train pairs as plain strings: the prompt (system turn included) rendered with the chat
     template up to the answer, each answer its text and the eos (the template's end of turn)."""
     from workbench.data import preference
-    from workbench.data.records import chat_token_ids
+    from workbench.data.chat import chat_token_ids
 
     cfg = config(args, "dpo-lora adapters_off", cpu=True)
     pairs = preference.load_pairs(cfg.data)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from workbench.config import WorkbenchConfig
 from workbench.data.buckets import padded_tokens_for, plan_buckets
+from workbench.data.chat import IGNORE_INDEX
 from workbench.data.collate import (
     BucketCollator,
     PackedCollator,
@@ -23,7 +24,6 @@ from workbench.data.collate import (
     packing_efficiency,
 )
 from workbench.data.loader import make_loader, synthetic_batch
-from workbench.data.records import IGNORE_INDEX
 from workbench.data.sampler import BucketBatchSampler
 
 # ---- the planner ------------------------------------------------------------------------------

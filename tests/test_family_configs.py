@@ -239,7 +239,8 @@ GEMMA_2_CHAT_TEMPLATE = (
 def test_the_gemma_config_trains_on_chats_whose_system_turn_its_template_refuses(shapes):
     """Gemma 2's own template refuses a system turn, which many shipped chat records open with: the
     data layer folds it into the first user turn, so gemma-2-2b-lora.yaml trains on chat-sample too."""
-    from workbench.data.records import IGNORE_INDEX, build_datasets
+    from workbench.data.chat import IGNORE_INDEX
+    from workbench.data.records import build_datasets
     from workbench.data.tokenizer import get_tokenizer
 
     cfg = _load("gemma-2-2b-lora.yaml", "v5e-1", shapes).with_overrides(["data.max_examples=64"])

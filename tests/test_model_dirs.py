@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from workbench.config import WorkbenchConfig
+from workbench.data.chat import IGNORE_INDEX
 from workbench.data.collate import FillerMasked
-from workbench.data.records import IGNORE_INDEX
 from workbench.data.sampler import BucketBatchSampler
 from workbench.data.tokenizer import get_tokenizer
 from workbench.model_dirs import ModelDirError, resolve_model_dir, tokenizer_dir

@@ -13,7 +13,7 @@ import torch
 from tests.tiny import tiny
 from workbench.analysis.estimate import estimate, preference_reference
 from workbench.config import LoraConfig, WorkbenchConfig
-from workbench.data.records import IGNORE_INDEX
+from workbench.data.chat import IGNORE_INDEX
 from workbench.models.build import build_model
 from workbench.train.lora import apply_lora
 from workbench.train.preference import (

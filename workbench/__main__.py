@@ -187,7 +187,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     from workbench.backend.hardware import detect
     from workbench.backend.xla import runtime
-    from workbench.data.records import chat_token_ids
+    from workbench.data.chat import chat_token_ids
     from workbench.generate import generate
     from workbench.models.attention_choice import choose_attention, use_attention
     from workbench.run import notices_as_lines

@@ -7,6 +7,7 @@ that pads to the bucket or packs) -> the trainer's stream.
 
 from workbench.data.bucket_choice import choose_buckets
 from workbench.data.buckets import STRATEGIES, BucketChoice, BucketPlan, padded_tokens_for, plan_buckets
+from workbench.data.chat import IGNORE_INDEX, chat_token_ids
 from workbench.data.collate import (
     BucketCollator,
     PackedCollator,
@@ -24,13 +25,7 @@ from workbench.data.corpus import (
 )
 from workbench.data.loader import make_loader, plan_for_config, prewarm, synthetic_batch, training_epochs
 from workbench.data.preference import is_pair_dataset, load_pairs, tokenize_pairs
-from workbench.data.records import (
-    IGNORE_INDEX,
-    build_datasets,
-    chat_token_ids,
-    load_records,
-    tokenize_records,
-)
+from workbench.data.records import build_datasets, load_records, tokenize_records
 from workbench.data.sampler import BucketBatchSampler
 from workbench.data.tokenizer import CACHE_ENV, CHAT_TEMPLATE, cache_root, get_tokenizer, train_tokenizer
 

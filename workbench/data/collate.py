@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from workbench.data.buckets import round_up
-from workbench.data.records import IGNORE_INDEX
+from workbench.data.chat import IGNORE_INDEX
 
 # ---- collators -------------------------------------------------------------------------------
 

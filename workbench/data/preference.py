@@ -1,7 +1,7 @@
 """Preference records to pair examples: prompt/chosen/rejected records, tokenised, for ``train.objective: dpo``.
 
 **Pairs** (`load_pairs`): the records of ``data.source`` (``"preference-sample"``, the shipped
-`workbench.data.corpus.PREFERENCE_SAMPLE`, or local files read as `workbench.data.records` reads
+`workbench.data.corpus.PREFERENCE_SAMPLE`, or local files read as `workbench.data.local_files` reads
 them) become one pair per row: ``prompt``, ``chosen`` and ``rejected``, each a list of
 ``{role, content}`` turns (the prompt is the conversation up to the answer, a system turn
 included; chosen and rejected are the answer's turns). ``data.columns`` names the columns
@@ -23,7 +23,7 @@ of three shapes:
 for the chosen one and ``rejected_input_ids``/``rejected_labels`` for the rejected one, labels
 `IGNORE_INDEX` everywhere but the answer's tokens; ``length`` is the longer of the two, so the
 bucket sampler places a pair by its longer member. With a chat template the conversation is
-rendered as SFT renders it (`workbench.data.records`); without one, ``bos + prompt + "\\n" +
+rendered as SFT renders it (`workbench.data.chat`); without one, ``bos + prompt + "\\n" +
 answer + eos``. Pairs that teach nothing are left out and counted in one notice. The collator
 (`workbench.data.collate.PairCollator`) puts the two sides of a pair on adjacent rows.
 """
@@ -37,17 +37,10 @@ import warnings
 from typing import Any
 
 from workbench.data import formats
+from workbench.data.chat import IGNORE_INDEX, Turns, chat_example, column_text, column_turns, prompt_token_ids
 from workbench.data.corpus import PREFERENCE_SAMPLE
 from workbench.data.formats import FormatError, RecordError
-from workbench.data.records import (
-    IGNORE_INDEX,
-    _chat_example,
-    chat_token_ids,
-    convert_local,
-    fold_system_turn,
-)
-
-Turns = list[dict[str, str]]
+from workbench.data.local_files import convert_local
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
 """The columns of `load_pairs`' dataset, each a list of ``{role, content}`` turns."""
@@ -62,38 +55,6 @@ _NEEDS = (
 
 
 # ---- one record -----------------------------------------------------------------------------------
-
-
-def _text(value: Any, column: str) -> str:
-    """A column's text; numbers count as their text (a CSV cell), anything else is an error."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        shown = "null" if value is None else f"{type(value).__name__} ({str(value)[:40]})"
-        raise RecordError(f"{column!r} is {shown}, not text")
-    return str(value)
-
-
-def _turn(entry: Any, column: str, j: int) -> dict[str, str]:
-    # Arrow stores a list of mixed entries as structs with every key, the absent ones null.
-    if isinstance(entry, dict) and isinstance(entry.get("role"), str) and "content" in entry:
-        role, content = entry["role"], entry["content"]
-    elif isinstance(entry, dict) and entry.get("from") is not None and entry.get("value") is not None:
-        role = formats.SHAREGPT_ROLES.get(str(entry["from"]).lower())
-        if role is None:
-            raise RecordError(
-                f"{column}[{j}] has the role {entry['from']!r}; roles are user, assistant, system"
-            )
-        content = entry["value"]
-    else:
-        got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
-        raise RecordError(f"{column}[{j}] needs a 'role' string and a 'content'; got {got}")
-    return {"role": role, "content": "" if content is None else str(content)}
-
-
-def _turns(value: Any, column: str, role: str) -> Turns:
-    """Text as one turn of `role`, or a list of turns as they are."""
-    if isinstance(value, list):
-        return [_turn(entry, column, j) for j, entry in enumerate(value)]
-    return [{"role": role, "content": _text(value, column)}]
 
 
 def _answer(turns: Turns, column: str) -> Turns:
@@ -144,7 +105,7 @@ def record_pair(record: dict[str, Any]) -> dict[str, Turns]:
     chosen_value = _present(record.get("chosen"), "chosen")
     rejected_value = _present(record.get("rejected"), "rejected")
     system = record.get("system")
-    system_turns = [{"role": "system", "content": _text(system, "system")}] if system else []
+    system_turns = [{"role": "system", "content": column_text(system, "system")}] if system else []
     if record.get("prompt") is None:
         if not (isinstance(chosen_value, list) and isinstance(rejected_value, list)):
             raise RecordError(
@@ -152,12 +113,13 @@ def record_pair(record: dict[str, Any]) -> dict[str, Turns]:
                 "to take their shared prompt from (data.filter='prompt != null' leaves such records out)"
             )
         prompt, chosen, rejected = _implicit(
-            _turns(chosen_value, "chosen", "assistant"), _turns(rejected_value, "rejected", "assistant")
+            column_turns(chosen_value, "chosen", "assistant"),
+            column_turns(rejected_value, "rejected", "assistant"),
         )
     else:
-        prompt = _turns(record["prompt"], "prompt", "user")
-        chosen = _turns(chosen_value, "chosen", "assistant")
-        rejected = _turns(rejected_value, "rejected", "assistant")
+        prompt = column_turns(record["prompt"], "prompt", "user")
+        chosen = column_turns(chosen_value, "chosen", "assistant")
+        rejected = column_turns(rejected_value, "rejected", "assistant")
         # whole conversations beside their prompt: the answer is what follows it
         if prompt and chosen[: len(prompt)] == prompt and rejected[: len(prompt)] == prompt:
             chosen, rejected = chosen[len(prompt) :], rejected[len(prompt) :]
@@ -209,10 +171,10 @@ def _scored_pairs(dataset: Any, rows: list[int] | None, data_cfg: Any) -> Any:
     for i in range(len(dataset)):
         try:
             system = values["system"][i] if "system" in values else None
-            prompt = _turns(_present(values["prompt"][i], "prompt"), "prompt", "user")
+            prompt = column_turns(_present(values["prompt"][i], "prompt"), "prompt", "user")
             if system:
-                prompt = [{"role": "system", "content": _text(system, "system")}, *prompt]
-            response = _turns(_present(values["response"][i], "response"), "response", "assistant")
+                prompt = [{"role": "system", "content": column_text(system, "system")}, *prompt]
+            response = column_turns(_present(values["response"][i], "response"), "response", "assistant")
             scored = (_score(values[column][i], column), prompt, _answer(response, "response"))
         except RecordError as err:
             raise RecordError(err.problem, rows[i] if rows is not None else i) from None
@@ -316,25 +278,12 @@ def load_pairs(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None) -
 # ---- tokenising -------------------------------------------------------------------------------------
 
 
-def _render_prompt(tokenizer: Any, prompt: Turns) -> list[int]:
-    """The prompt's ids with the generation prompt: where the answer starts (a system turn folded for a
-    template that refuses one, as `records._chat_example` folds it)."""
-    if not prompt:
-        return []
-    try:
-        return chat_token_ids(tokenizer, prompt, add_generation_prompt=True)
-    except Exception as err:  # the template's own raise_exception (a jinja2 TemplateError)
-        if prompt[0]["role"] == "system" and "system" in str(err).lower():
-            return chat_token_ids(tokenizer, fold_system_turn(prompt), add_generation_prompt=True)
-        raise
-
-
 def _chat_side(tokenizer: Any, prompt: Turns, answer: Turns) -> tuple[list[int], list[int]]:
     """Ids of prompt + answer rendered with the chat template; labels only on the answer's assistant
     turns (those inside the prompt are context, not what the pair compares)."""
-    example = _chat_example([*prompt, *answer], tokenizer)
+    example = chat_example([*prompt, *answer], tokenizer)
     ids, labels = example["input_ids"], example["labels"]
-    head = _render_prompt(tokenizer, prompt)
+    head = prompt_token_ids(tokenizer, prompt)
     start = len(head)
     if ids[:start] != head:
         raise ValueError(

@@ -1,7 +1,7 @@
 """Prompt records to a tokenised prompt dataset, for ``train.objective: grpo`` and ``eval --rewards``.
 
 **Records** (`load_prompts`): ``data.source`` is ``math-sample`` (`workbench.data.math_sample`) or
-local files read as `workbench.data.records` reads them (any file type, save_to_disk directories).
+local files read as `workbench.data.local_files` reads them (any file type, save_to_disk directories).
 ``data.columns`` names the columns first (e.g. ``{prompt: problem, answer: solution}``), then
 ``data.filter`` keeps rows and ``data.max_examples`` caps them; ``data.format`` is not read. A
 record is read in one of three shapes, the first whose column it has:
@@ -38,10 +38,10 @@ from typing import Any
 
 from workbench.data import formats
 from workbench.data.answers import final_answer
+from workbench.data.chat import column_text, column_turns, prompt_token_ids
 from workbench.data.formats import FormatError, RecordError
+from workbench.data.local_files import convert_local
 from workbench.data.math_sample import MATH_SAMPLE, math_sample_records
-from workbench.data.preference import _render_prompt, _text, _turns
-from workbench.data.records import convert_local
 from workbench.data.tokenizer import missing_chat_template, tokenizer_setting
 
 PROMPT_COLUMNS = ("prompt", "answer")
@@ -71,11 +71,11 @@ def _prompt_value(record: dict[str, Any], source: str) -> str | list[dict[str, s
             f"(data.filter='{source} != null' leaves such records out)"
         )
     if not isinstance(value, list):
-        text = _text(value, source)
+        text = column_text(value, source)
         if not text.strip():
             raise RecordError(f"{source!r} is empty; a prompt needs some text")
         return text
-    turns = _turns(value, source, "user")
+    turns = column_turns(value, source, "user")
     if not turns:
         raise RecordError(f"{source!r} is an empty list; a chat prompt needs at least one turn")
     if turns[-1]["role"] == "assistant":
@@ -85,7 +85,7 @@ def _prompt_value(record: dict[str, Any], source: str) -> str | list[dict[str, s
         )
     system = record.get("system")
     if system and turns[0]["role"] != "system":
-        turns = [{"role": "system", "content": _text(system, "system")}, *turns]
+        turns = [{"role": "system", "content": column_text(system, "system")}, *turns]
     return turns
 
 
@@ -204,7 +204,7 @@ def tokenize_prompts(dataset: Any, tokenizer: Any, data_cfg: Any, *, chat: bool 
         if isinstance(prompt, str):
             ids = [int(i) for i in tokenizer(prompt)["input_ids"]]
         else:
-            ids = _render_prompt(tokenizer, prompt)
+            ids = prompt_token_ids(tokenizer, prompt)
         return {"input_ids": ids, "length": len(ids)}
 
     out = dataset.map(tokenize, desc=None)

@@ -41,7 +41,7 @@ from workbench.models.families import FAMILIES
 from workbench.units import GiB
 
 _IGNORE = -100
-"""The label the loss skips (`workbench.data.records.IGNORE_INDEX`, a layer above this one)."""
+"""The label the loss skips (`workbench.data.chat.IGNORE_INDEX`, a layer above this one)."""
 
 AUTO_LOGITS_SHARE = 1 / 16
 """'auto' chunks when the full logits term (4 fp32 copies a token) would exceed this share of a device's memory."""

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workbench.data.records import IGNORE_INDEX
+from workbench.data.chat import IGNORE_INDEX
 from workbench.models.inputs import model_inputs
 from workbench.models.lm_head import LMHead, chunked_sums, next_token_labels
 from workbench.train.objective import (

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from workbench.data.records import IGNORE_INDEX
+from workbench.data.chat import IGNORE_INDEX
 from workbench.models.inputs import model_inputs
 from workbench.models.lm_head import (
     LMHead,

@@ -52,9 +52,9 @@ import torch.nn.functional as F
 
 from workbench.backend.xla import runtime
 from workbench.config import REFERENCE_FREE_LOSSES, WorkbenchConfig
+from workbench.data.chat import IGNORE_INDEX
 from workbench.data.loader import make_loader
 from workbench.data.preference import is_pair_dataset
-from workbench.data.records import IGNORE_INDEX
 from workbench.models.inputs import model_inputs
 from workbench.models.lm_head import LMHead, chunked_sums, next_token_labels
 from workbench.train.lora import is_lora

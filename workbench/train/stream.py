@@ -24,9 +24,9 @@ import torch
 
 from workbench.backend.protocol import Backend, Batch, Replicas
 from workbench.data.buckets import BucketChoice
+from workbench.data.chat import IGNORE_INDEX
 from workbench.data.loader import dataset_lengths, make_loader, training_epochs
 from workbench.data.preference import is_pair_dataset
-from workbench.data.records import IGNORE_INDEX
 from workbench.data.sampler import BucketBatchSampler
 
 
