@@ -22,7 +22,7 @@ import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from workbench.backend.native import process_group
 from workbench.backend.xla import runtime
@@ -31,10 +31,18 @@ from workbench.units import nearby_multiples
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo
     from workbench.config import WorkbenchConfig
-    from workbench.parallel.mesh import MeshSpec
 
 _INDEX_VARS = ("TPU_WORKER_ID", "RANK")
 _COUNT_VARS = ("TPU_WORKER_COUNT", "WORLD_SIZE")
+
+
+class _DataParallelMesh(Protocol):
+    """What `per_host_batch_size` reads of a resolved mesh (`workbench.parallel.mesh.MeshSpec`, a layer up)."""
+
+    @property
+    def dp_size(self) -> int: ...
+
+    def describe(self) -> str: ...
 
 
 class MultiHostError(ValueError):
@@ -99,7 +107,7 @@ def _num_processes(hw: HardwareInfo | int | None) -> int:
 
 
 def per_host_batch_size(
-    global_batch_size: int, hw: HardwareInfo | int | None = None, *, mesh: MeshSpec | None = None
+    global_batch_size: int, hw: HardwareInfo | int | None = None, *, mesh: _DataParallelMesh | None = None
 ) -> int:
     """Sequences each host loads per step: the global batch over the processes.
 
