@@ -28,7 +28,7 @@ from workbench import WorkbenchConfig, detect
 from workbench.parallel import MeshSpec
 from workbench.parallel.mesh import mesh_preset
 
-hw = detect("xla") if runtime.xla_installed() else detect()
+hw = detect("xla") if presence.xla_installed() else detect()
 requested = MeshSpec(data=data, fsdp=fsdp, model=model_parallel)
 # The requested mesh when it matches the devices; otherwise the preset for this hardware. None
 # without torch_xla driving the devices: only XLA's SPMD applies a mesh.

@@ -79,9 +79,9 @@ report.raise_on_fail()"""
 # No TPU or GPU: XLA on the CPU still shows the XLA story (compiles, shapes, SPMD meshes).
 XLA_ON_CPU = """\
 # Without a TPU or GPU, run XLA on the CPU (set before torch_xla starts; a TPU or GPU is used as it is).
-from workbench.backend.xla import runtime
+from workbench.backend.xla import presence, runtime
 
-if cpu_xla_devices and not runtime.tpu_present() and "PJRT_DEVICE" not in os.environ and not runtime.runtime_started():
+if cpu_xla_devices and not presence.tpu_present() and "PJRT_DEVICE" not in os.environ and not runtime.runtime_started():
     os.environ["PJRT_DEVICE"] = "CPU"
     os.environ["CPU_NUM_DEVICES"] = str(cpu_xla_devices)"""
 

@@ -105,7 +105,7 @@ def test_detect_plain_cpu_does_not_start_xla(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_explicit_backends_that_are_missing_say_what_was_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PJRT_DEVICE", raising=False)
-    monkeypatch.setattr(hardware.runtime, "tpu_present", lambda: False)
+    monkeypatch.setattr(hardware.presence, "tpu_present", lambda: False)
     detect.cache_clear()
     with pytest.raises(HardwareError, match=r"device_type='tpu'.*no TPU.*PJRT_DEVICE=<unset>"):
         detect("tpu")

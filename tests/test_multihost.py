@@ -22,7 +22,7 @@ from workbench.backend.multihost import (
     process_index,
     shard_for_host,
 )
-from workbench.backend.xla import runtime
+from workbench.backend.xla import presence, runtime
 from workbench.config import WorkbenchConfig
 from workbench.parallel.mesh import MeshSpec
 
@@ -33,7 +33,7 @@ def no_runtime(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     for var in ("PJRT_DEVICE", "TPU_WORKER_ID", "RANK", "TPU_WORKER_COUNT", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(runtime, "runtime_started", lambda: False)
-    monkeypatch.setattr(runtime, "tpu_present", lambda: False)
+    monkeypatch.setattr(presence, "tpu_present", lambda: False)
     return monkeypatch
 
 

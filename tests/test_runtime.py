@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from workbench.backend.xla import runtime, scan_support
+from workbench.backend.xla import presence, runtime, scan_support
 
 
 def _pci_device(root: Path, name: str, vendor: str, device: str) -> None:
@@ -26,8 +26,8 @@ def test_tpu_chips_are_counted_from_the_pci_bus(tmp_path: Path) -> None:
     _pci_device(tmp_path, "0000:00:06.0", "0x1ae0", "0x0042")  # gVNIC: Google's, but a network card
     _pci_device(tmp_path, "0000:00:07.0", "0x10de", "0x2330")  # an NVIDIA H100
     (tmp_path / "0000:00:08.0").mkdir()  # a device whose files cannot be read
-    assert runtime.tpu_pci_chips(tmp_path) == 2
-    assert runtime.tpu_pci_chips(tmp_path / "missing") == 0
+    assert presence.tpu_pci_chips(tmp_path) == 2
+    assert presence.tpu_pci_chips(tmp_path / "missing") == 0
 
 
 def test_tpu_present_sees_chips_without_any_tpu_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,20 +36,27 @@ def test_tpu_present_sees_chips_without_any_tpu_variable(monkeypatch: pytest.Mon
     monkeypatch.delenv("TPU_SKIP_MDS_QUERY", raising=False)
     monkeypatch.setattr(runtime.os, "listdir", lambda path: [])
     monkeypatch.setattr(runtime.os.path, "isdir", lambda path: False)
-    monkeypatch.setattr(runtime, "tpu_pci_chips", lambda: 4)
-    assert runtime.tpu_present()
-    monkeypatch.setattr(runtime, "tpu_pci_chips", lambda: 0)
-    assert not runtime.tpu_present()
+    monkeypatch.setattr(presence, "tpu_pci_chips", lambda: 4)
+    assert presence.tpu_present()
+    monkeypatch.setattr(presence, "tpu_pci_chips", lambda: 0)
+    assert not presence.tpu_present()
 
 
 def test_looking_imports_no_torch_xla() -> None:
     code = (
-        "import sys; from workbench.backend.xla import runtime; "
-        "runtime.tpu_present(); runtime.xla_installed(); runtime.env_requests_xla(); "
-        "print('torch_xla' in sys.modules)"
+        "import sys; from workbench.backend.xla import presence, runtime; "
+        "presence.tpu_present(); presence.xla_installed(); presence.env_requests_xla(); "
+        "runtime.xla_imported(); runtime.runtime_started(); print('torch_xla' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_notebook_saved_before_presence_moved_still_asks_runtime_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match=r"runtime\.tpu_present moved to .*presence\.tpu_present"):
+        assert runtime.tpu_present() == presence.tpu_present()
+    with pytest.raises(AttributeError):
+        runtime.no_such_function  # noqa: B018
 
 
 # ---- scan on a mesh: torch_xla's JAX bridge or the plain backward ----------------------------

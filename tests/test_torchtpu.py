@@ -22,7 +22,7 @@ from workbench.backend.native import process_group
 from workbench.backend.routing import BackendConflictError, MachineFacts
 from workbench.backend.torchtpu import plan
 from workbench.backend.torchtpu.detect import find_torch_tpu, is_torchtpu_metadata, torchtpu_installed
-from workbench.backend.xla import runtime
+from workbench.backend.xla import presence
 from workbench.doctor.roots import InstalledPackages
 from workbench.doctor.torchtpu_pins import torchtpu_checks
 from workbench.doctor.versions import torch_checks
@@ -224,7 +224,7 @@ def test_another_vendors_torch_tpu_never_routes_a_run_and_is_noticed(sophgo_site
 def test_detect_takes_the_torchtpu_route_and_refuses_torch_xla_beside_it(google_site, monkeypatch):
     monkeypatch.syspath_prepend(str(google_site))
     monkeypatch.delenv("PJRT_DEVICE", raising=False)
-    monkeypatch.setattr(runtime, "tpu_present", lambda: True)
+    monkeypatch.setattr(presence, "tpu_present", lambda: True)
     monkeypatch.setattr(hardware, "_cuda_available", lambda: False)
     # torch_xla is installed here: with TorchTPU beside it, a TPU run is refused before anything starts
     for device_type in ("auto", "tpu", "xla"):
@@ -232,7 +232,7 @@ def test_detect_takes_the_torchtpu_route_and_refuses_torch_xla_beside_it(google_
             hardware.detect(device_type)
         hardware.detect.cache_clear()
     # without torch_xla: TorchTPU's devices (what the chip query would answer stands in for it)
-    monkeypatch.setattr(runtime, "xla_installed", lambda: False)
+    monkeypatch.setattr(presence, "xla_installed", lambda: False)
     monkeypatch.setattr(plan, "local_devices", lambda: ("TPU v6e-8", 8))
     hw = hardware.detect("auto")
     assert (hw.backend, hw.via_xla, hw.device_string, hw.chip, hw.num_devices) == (
@@ -408,7 +408,7 @@ def test_info_says_which_backend_a_run_uses_and_why(google_site, monkeypatch, ca
 
 # ---- on a TPU ------------------------------------------------------------------------------------
 
-ON_TORCHTPU = torchtpu_installed() and not runtime.xla_installed() and runtime.tpu_present()
+ON_TORCHTPU = torchtpu_installed() and not presence.xla_installed() and presence.tpu_present()
 
 
 @pytest.mark.tpu

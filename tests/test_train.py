@@ -229,7 +229,7 @@ def test_adafactor_bf16_mixed_and_gradient_checkpointing_train_on_cpu():
 
 def test_auto_falls_back_and_says_why(monkeypatch):
     from workbench.backend import hardware
-    from workbench.backend.xla import runtime
+    from workbench.backend.xla import presence
 
     calls = []
     real_detect = hardware._detect_explicit
@@ -240,9 +240,9 @@ def test_auto_falls_back_and_says_why(monkeypatch):
             raise HardwareError("TPU runtime failed to initialise: device busy")
         return real_detect("cpu")
 
-    monkeypatch.setattr(runtime, "xla_installed", lambda: True)
-    monkeypatch.setattr(runtime, "tpu_present", lambda: True)
-    monkeypatch.setattr(runtime, "env_requests_xla", lambda: None)
+    monkeypatch.setattr(presence, "xla_installed", lambda: True)
+    monkeypatch.setattr(presence, "tpu_present", lambda: True)
+    monkeypatch.setattr(presence, "env_requests_xla", lambda: None)
     monkeypatch.setattr(hardware, "_cuda_available", lambda: False)
     monkeypatch.setattr(hardware, "_detect_explicit", fake_detect)
     hardware.detect.cache_clear()

@@ -28,7 +28,7 @@ from typing import Literal
 from workbench.backend import routing
 from workbench.backend.torchtpu import plan as torchtpu_plan
 from workbench.backend.torchtpu.detect import find_torch_tpu
-from workbench.backend.xla import runtime
+from workbench.backend.xla import presence, runtime
 from workbench.units import GB, GiB
 
 TFLOPS = 1e12
@@ -379,17 +379,17 @@ def _detect_torchtpu() -> HardwareInfo:  # pragma: no cover - TorchTPU on a TPU 
 def machine_facts() -> routing.MachineFacts:
     """What `routing.choose` decides from, read here (starts nothing, imports neither torch_xla nor TorchTPU)."""
     return routing.MachineFacts(
-        xla_installed=runtime.xla_installed(),
+        xla_installed=presence.xla_installed(),
         torch_tpu=find_torch_tpu(),
-        tpu_present=runtime.tpu_present(),
+        tpu_present=presence.tpu_present(),
         cuda_available=_cuda_available(),
-        pjrt_device=runtime.env_requests_xla(),
+        pjrt_device=presence.env_requests_xla(),
     )
 
 
 def _tpu_runtime() -> str | None:
     """`routing.tpu_runtime` here, its conflict as a `HardwareError` (what to uninstall)."""
-    facts = routing.MachineFacts(runtime.xla_installed(), find_torch_tpu(), False, False, None)
+    facts = routing.MachineFacts(presence.xla_installed(), find_torch_tpu(), False, False, None)
     try:
         return routing.tpu_runtime(facts)
     except routing.BackendConflictError as err:
@@ -398,14 +398,14 @@ def _tpu_runtime() -> str | None:
 
 def _found() -> str:
     """One line on what this machine offers, for error messages."""
-    parts = [f"torch_xla {'installed' if runtime.xla_installed() else 'not installed'}"]
+    parts = [f"torch_xla {'installed' if presence.xla_installed() else 'not installed'}"]
     torch_tpu = find_torch_tpu()
     parts.append(
         f"TorchTPU {'installed' if torch_tpu is not None and torch_tpu.is_torchtpu else 'not installed'}"
     )
     parts.append(f"PJRT_DEVICE={os.environ.get('PJRT_DEVICE', '<unset>')}")
     parts.append(f"CUDA {'available' if _cuda_available() else 'not available'}")
-    parts.append(f"TPU {'signs present' if runtime.tpu_present() else 'not found'}")
+    parts.append(f"TPU {'signs present' if presence.tpu_present() else 'not found'}")
     return ", ".join(parts)
 
 
@@ -439,27 +439,27 @@ def detect(device_type: DeviceType = "auto") -> HardwareInfo:
 
 def _present_backends() -> list[str]:
     """The backends "auto" tries, in order: those whose signs are on this machine (starts nothing)."""
-    pjrt = runtime.env_requests_xla()
+    pjrt = presence.env_requests_xla()
     present = []
-    if pjrt in (None, "TPU") and runtime.tpu_present() and _tpu_runtime() is not None:
+    if pjrt in (None, "TPU") and presence.tpu_present() and _tpu_runtime() is not None:
         present.append("tpu")  # torch_xla's, or TorchTPU's where torch_xla is not installed
     if _cuda_available():
         present.append("cuda")
-    if runtime.xla_installed() and pjrt == "CPU":
+    if presence.xla_installed() and pjrt == "CPU":
         present.append("xla")
     return present
 
 
 def _detect_explicit(device_type: str) -> HardwareInfo:
     """The named backend, or `HardwareError` saying what was found and how to get it."""
-    pjrt = runtime.env_requests_xla()
+    pjrt = presence.env_requests_xla()
     if device_type == "cpu":
         return _detect_cpu()
     if device_type == "tpu":
         tpu_runtime = _tpu_runtime()
-        if tpu_runtime == "torchtpu" and runtime.tpu_present():
+        if tpu_runtime == "torchtpu" and presence.tpu_present():
             return _detect_torchtpu()
-        if tpu_runtime is None or pjrt not in (None, "TPU") or not runtime.tpu_present():
+        if tpu_runtime is None or pjrt not in (None, "TPU") or not presence.tpu_present():
             raise HardwareError(
                 f"device_type='tpu' requested but no TPU is usable here ({_found()}). "
                 "On a TPU VM or a Colab/Kaggle TPU runtime, install torch_xla with its libtpu and set PJRT_DEVICE=TPU."
@@ -479,12 +479,12 @@ def _detect_explicit(device_type: str) -> HardwareInfo:
         return _detect_cuda()
     if device_type == "xla":
         _tpu_runtime()  # torch_xla beside TorchTPU: refused, naming what to uninstall
-        if not runtime.xla_installed():
+        if not presence.xla_installed():
             raise HardwareError(
                 f"device_type='xla' requested but torch_xla is not installed ({_found()}). "
                 "Install it with `pip install -e .[xla-cpu]` and set PJRT_DEVICE=CPU (or TPU)."
             )
-        if pjrt is None and not runtime.tpu_present():
+        if pjrt is None and not presence.tpu_present():
             raise HardwareError(
                 f"device_type='xla' requested but PJRT_DEVICE is unset and no TPU was found ({_found()}). "
                 "Set PJRT_DEVICE=CPU (and CPU_NUM_DEVICES=8 for eight virtual devices) before starting Python."

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from workbench.backend.native import process_group
-from workbench.backend.xla import runtime
+from workbench.backend.xla import presence, runtime
 from workbench.units import nearby_multiples
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class MultiHostError(ValueError):
 def _use_runtime() -> bool:
     if runtime.runtime_started():
         return True
-    return runtime.xla_installed() and (runtime.env_requests_xla() is not None or runtime.tpu_present())
+    return presence.xla_installed() and (presence.env_requests_xla() is not None or presence.tpu_present())
 
 
 def _env_int(names: Sequence[str]) -> int | None:

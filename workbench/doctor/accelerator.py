@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from workbench.backend.xla.runtime import tpu_pci_chips
+from workbench.backend.xla.presence import tpu_pci_chips
 from workbench.doctor.checks import Check, Status
 from workbench.doctor.processes import HolderScan, find_holders
 from workbench.doctor.roots import DoctorRoots

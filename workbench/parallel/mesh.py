@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from workbench.backend.xla import runtime
+from workbench.backend.xla import presence, runtime
 from workbench.parallel.sharding_rule import ShardingError
 from workbench.units import nearby_multiples
 
@@ -199,7 +199,7 @@ class MeshSpec:
 
 def ensure_spmd() -> None:
     """Switch torch_xla into SPMD mode, or fail clearly when it is too late to."""
-    if not runtime.xla_installed():
+    if not presence.xla_installed():
         raise MeshError("SPMD meshes need torch_xla (pip install 'xla-workbench[xla-cpu]' or the TPU build)")
     if runtime.is_spmd():
         return

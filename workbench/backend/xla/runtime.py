@@ -4,13 +4,12 @@ Every ``import torch_xla`` in the package lives in this module, behind small fun
 so a successor backend (TorchTPU, say) can slot in by reimplementing this file alone.
 Nothing here runs at import time: importing ``workbench`` never starts the XLA runtime.
 Functions that need the runtime import torch_xla on first use; the others
-(`xla_installed`, `xla_imported`, `env_requests_xla`, `tpu_pci_chips`, `tpu_present`,
-`runtime_started`, `spmd_config_locked`) only look.
+(`xla_imported`, `runtime_started`, `spmd_config_locked`) only look. Whether torch_xla is installed
+and a TPU is on this host is `workbench.backend.xla.presence`'s to say (the machine, not the runtime).
 
 What the rest of the package may ask of the backend:
 
-- availability: `xla_installed`, `xla_imported`, `env_requests_xla`, `tpu_pci_chips`,
-  `tpu_present`
+- this process: `xla_imported`
 - runtime facts: `runtime_summary` (`RuntimeSummary`: device type and counts, device kind,
   process index/count, memory limit), `runtime_started`, `global_device_count`,
   `xla_process_index`, `xla_process_count`
@@ -31,88 +30,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.backend.xla import scan_support
+from workbench.backend.xla import presence, scan_support
 
-# ---- looking without starting anything ---------------------------------------------
-
-
-def xla_installed() -> bool:
-    """True when torch_xla can be imported (checked without importing it)."""
-    return importlib.util.find_spec("torch_xla") is not None
+# ---- looking without starting anything: torch_xla in this process ---------------------
 
 
 def xla_imported() -> bool:
     """True once something in this process imported torch_xla."""
     return "torch_xla" in sys.modules
-
-
-def env_requests_xla() -> str | None:
-    """The PJRT device the environment asks for (``PJRT_DEVICE``), upper-cased, or None."""
-    value = os.environ.get("PJRT_DEVICE", "").strip()
-    return value.upper() or None
-
-
-# TPU chips on the PCI bus, as torch_xla counts them (torch_xla/_internal/tpu.py): Google's vendor
-# id with a TPU device id. The vendor alone is not enough: GCE's gVNIC network card is Google's too.
-_GOOGLE_PCI_VENDOR_ID = "0x1ae0"
-_TPU_PCI_DEVICE_IDS = frozenset(
-    {
-        "0x0027",  # v2, v3
-        "0x005e",  # v4
-        "0x0063",  # v5e
-        "0x006f",  # v6e
-        "0x0076",  # 7x
-        "0x0056",  # testing parts torch_xla also counts
-        "0x0062",
-    }
-)
-
-
-def tpu_pci_chips(pci_devices: str | os.PathLike[str] = "/sys/bus/pci/devices") -> int:
-    """TPU chips attached to this host through PCI (0 where sysfs cannot be read)."""
-    chips = 0
-    try:
-        entries = list(os.scandir(pci_devices))
-    except OSError:
-        return 0
-    for entry in entries:
-        try:
-            with open(os.path.join(entry.path, "vendor")) as vendor:
-                if vendor.read().strip() != _GOOGLE_PCI_VENDOR_ID:
-                    continue
-            with open(os.path.join(entry.path, "device")) as device:
-                chips += device.read().strip() in _TPU_PCI_DEVICE_IDS
-        except OSError:
-            continue
-    return chips
-
-
-def tpu_present() -> bool:
-    """Cheap signs of a TPU on this host, without touching the runtime.
-
-    ``PJRT_DEVICE=TPU``; the variables TPU VMs and hosted runtimes set (``TPU_ACCELERATOR_TYPE``,
-    ``TPU_NAME``, ``COLAB_TPU_ADDR``, ``TPU_WORKER_ID``, ...); ``/dev/accel*`` or
-    ``/dev/vfio/devices``; and, the sign that needs no variable at all, TPU chips on the PCI bus
-    (Colab's and Kaggle's TPU VMs do not always set the variables).
-    """
-    if env_requests_xla() == "TPU":
-        return True
-    for var in ("TPU_ACCELERATOR_TYPE", "TPU_NAME", "COLAB_TPU_ADDR", "TPU_WORKER_ID", "TPU_SKIP_MDS_QUERY"):
-        if os.environ.get(var):
-            return True
-    try:
-        if any(name.startswith("accel") for name in os.listdir("/dev")) or os.path.isdir("/dev/vfio/devices"):
-            return True
-    except OSError:
-        pass
-    return tpu_pci_chips() > 0
 
 
 # ---- the modules, imported lazily ----------------------------------------------------
@@ -593,3 +525,20 @@ def copy_sharding(src: Any, dst: Any) -> bool:
         return False
     xla._XLAC._xla_mark_sharding(dst, op)
     return True
+
+
+_MOVED_TO_PRESENCE = ("xla_installed", "env_requests_xla", "tpu_pci_chips", "tpu_present")
+"""Functions that moved to `workbench.backend.xla.presence`, by their old name here: a notebook saved from
+an earlier version (``runtime.tpu_present()`` in its first cells) keeps working, with a warning."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED_TO_PRESENCE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"workbench.backend.xla.runtime.{name} moved to workbench.backend.xla.presence.{name}: "
+        "call it from there",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(presence, name)
