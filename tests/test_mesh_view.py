@@ -27,8 +27,9 @@ from workbench.analysis.mesh_plan import plan_mesh
 from workbench.backend.hardware import CHIPS
 from workbench.config import ModelConfig
 from workbench.models.build import build_model
-from workbench.parallel.plan import ShardingReport, plan_sharding
+from workbench.parallel.plan import plan_sharding
 from workbench.parallel.rules import rules_for
+from workbench.parallel.sharding_report import ShardingReport
 
 MiB = 1024**2
 

@@ -21,8 +21,9 @@ from workbench.config import MeshConfig
 from workbench.models.build import build_model
 from workbench.parallel.apply import batch_spec
 from workbench.parallel.mesh import MeshError, MeshSpec, check_batch_size, mesh_from_config, mesh_preset
-from workbench.parallel.plan import plan_sharding, shard_map
+from workbench.parallel.plan import plan_sharding
 from workbench.parallel.rules import DECODER_RULES, GPT2_RULES, rules_for
+from workbench.parallel.sharding_report import shard_map
 from workbench.parallel.sharding_rule import FSDP_ONLY_RULES, ShardingError, ShardingRule
 
 LOSS_TOLERANCE = 1e-4

@@ -1,4 +1,4 @@
-"""The sharding map of a model on a device mesh, drawn from a `workbench.parallel.plan.ShardingReport`.
+"""The sharding map of a model on a device mesh, drawn from a `workbench.parallel.sharding_report.ShardingReport`.
 
 Three panels:
 

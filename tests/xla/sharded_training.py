@@ -18,7 +18,7 @@ from workbench.models.build import build_model
 from workbench.models.inputs import model_inputs
 from workbench.parallel.apply import batch_sharding, batch_spec, move_model, shard_batch, shard_model
 from workbench.parallel.mesh import MeshError, MeshSpec, mesh_preset
-from workbench.parallel.plan import shard_map
+from workbench.parallel.sharding_report import shard_map
 from workbench.parallel.sharding_rule import ShardingError
 
 

@@ -3,8 +3,9 @@ model's parameters (`plan`, pure Python) and applying it with torch_xla (`apply`
 
 from workbench.parallel.apply import batch_sharding, shard_batch, shard_model
 from workbench.parallel.mesh import MeshError, MeshSpec, mesh_from_config
-from workbench.parallel.plan import ShardingReport, plan_sharding
+from workbench.parallel.plan import plan_sharding
 from workbench.parallel.rules import rules_for
+from workbench.parallel.sharding_report import ShardingReport
 from workbench.parallel.sharding_rule import ShardingError
 
 __all__ = [

@@ -18,8 +18,9 @@ from typing import Any
 from workbench.backend.xla import runtime
 from workbench.models.layer_stack import LAYER_WILDCARD, stacked_parameter_names
 from workbench.parallel.mesh import BATCH_AXES, MeshSpec, axis_sizes_of, check_batch_size, device_grid
-from workbench.parallel.plan import ShardingReport, plan_sharding
+from workbench.parallel.plan import plan_sharding
 from workbench.parallel.rules import rules_for
+from workbench.parallel.sharding_report import ShardingReport
 from workbench.parallel.sharding_rule import AxisEntry, PartitionSpec
 
 # ---- applying it ---------------------------------------------------------------------

@@ -21,6 +21,13 @@ AxisEntry = str | tuple[str, ...] | None
 PartitionSpec = tuple[AxisEntry, ...]
 
 
+def axes_of(entry: AxisEntry) -> tuple[str, ...]:
+    """The mesh axes one partition-spec entry names, major first (none for a replicated dimension)."""
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 class ShardingError(ValueError):
     """A sharding that cannot be applied; the message names the parameter, dimension and axis."""
 
