@@ -161,8 +161,8 @@ def test_save_every_path_goes_through_the_same_guard(models, adapter, tmp_path):
     a save that fails part-way leaves the earlier export whole and nothing beside it."""
     from workbench.config import WorkbenchConfig
     from workbench.train import Trainer
+    from workbench.train.adapter_files import save_model
     from workbench.train.export_dir import ExportDirError, check_export_dir, run_protected_dirs
-    from workbench.train.lora import save_model
     from workbench.train.start import load_for_inference
 
     model, tokenizer = load_for_inference(str(adapter))

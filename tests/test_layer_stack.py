@@ -59,12 +59,8 @@ from workbench.train.optim import (
 
 peft = pytest.importorskip("peft")
 
-from workbench.train.lora import (  # noqa: E402  (after the peft check)
-    apply_lora,
-    base_model_identity,
-    parameter_counts,
-    save_model,
-)
+from workbench.train.adapter_files import base_model_identity, save_model  # noqa: E402  (after the peft check)
+from workbench.train.lora import apply_lora, parameter_counts  # noqa: E402  (after the peft check)
 
 LAYERS = 3
 VARIANTS = {"plain": (None, False), "lora": (None, True), "int8+lora": ("int8", True)}

@@ -25,11 +25,11 @@ from workbench.train.state_io import CheckpointError
 
 peft = pytest.importorskip("peft")
 
+from workbench.train.adapter_files import load_adapter  # noqa: E402  (after the peft check)
 from workbench.train.lora import (  # noqa: E402  (after the peft check)
     LoraError,
     apply_lora,
     auto_target_modules,
-    load_adapter,
     parameter_counts,
 )
 

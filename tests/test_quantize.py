@@ -39,11 +39,11 @@ from workbench.train import Trainer
 
 peft = pytest.importorskip("peft")
 
-from workbench.train.lora import (  # noqa: E402  (after the peft check)
+from workbench.train.adapter_files import (  # noqa: E402  (after the peft check)
     base_model_identity,
     load_adapter,
-    parameter_counts,
 )
+from workbench.train.lora import parameter_counts  # noqa: E402  (after the peft check)
 
 MODES = ("int8", "int4")
 

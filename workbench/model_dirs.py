@@ -32,7 +32,7 @@ from typing import Any, Literal
 ModelKind = Literal["transformers", "adapter", "checkpoint"]
 
 BASE_MODEL_FILE = "workbench_base_model.json"
-"""Written beside a saved adapter by `workbench.train.lora.save_model`: the base it was trained on."""
+"""Written beside a saved adapter by `workbench.train.adapter_files.save_model`: the base it was trained on."""
 ADAPTER_CONFIG = "adapter_config.json"
 CHECKPOINT_FILES = ("manifest.json", "state.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

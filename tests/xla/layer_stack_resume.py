@@ -38,7 +38,8 @@ from workbench.backend.xla import runtime
 from workbench.models.layer_stack import expand_optimizer_state, model_stacks
 from workbench.models.scan import uninstall_scan
 from workbench.train import Trainer
-from workbench.train.lora import is_lora, save_model
+from workbench.train.adapter_files import save_model
+from workbench.train.lora import is_lora
 from workbench.train.state import model_state
 from workbench.train.state_io import _dcp_reader, host_tensors
 

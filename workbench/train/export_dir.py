@@ -1,6 +1,6 @@
 """Where a trained model is exported, and the write that never destroys what the workbench did not write.
 
-Every export (`workbench.train.lora.save_model`, so ``Trainer.save_pretrained`` and ``train
+Every export (`workbench.train.adapter_files.save_model`, so ``Trainer.save_pretrained`` and ``train
 --save-pretrained DIR``) goes through `check_export_dir` and `staged_export`:
 
 - a new or empty directory is written; so is an earlier export of the workbench (it carries

@@ -32,7 +32,8 @@ import torch
 from workbench.config import LoraConfig, WorkbenchConfig
 from workbench.model_dirs import ModelDir, ModelDirError, resolve_model_dir, tokenizer_dir
 from workbench.models.build import build_model
-from workbench.train.lora import ADAPTER_NAME, apply_lora, check_adapter_fits, resolve_target_modules
+from workbench.train.adapter_files import check_adapter_fits
+from workbench.train.lora import ADAPTER_NAME, apply_lora, resolve_target_modules
 from workbench.train.state import load_model_state
 
 _ADAPTER_KEY = re.compile(r"\.(lora_[A-Za-z_]+)\.(weight|bias)$")

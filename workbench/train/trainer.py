@@ -48,12 +48,12 @@ from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
 from workbench.rl.wiring import evaluate_grpo, grpo_objective, grpo_run_metrics, warm_up_grpo
 from workbench.train import warmup
+from workbench.train.adapter_files import save_model
 from workbench.train.clock import ThroughputClock, TimeBudget, check_time_limit
 from workbench.train.distill import DistillationObjective, DistillSettings
 from workbench.train.export_dir import run_protected_dirs
 from workbench.train.finite import FiniteGuard
 from workbench.train.ladder import batch_ladder
-from workbench.train.lora import save_model
 from workbench.train.model_setup import precision_notices, run_model
 from workbench.train.objective import CausalLMObjective, LossChunking
 from workbench.train.oom import retry_on_oom
@@ -279,7 +279,7 @@ class Trainer:
     def save_pretrained(self, path: str | Path, merged: bool = False, overwrite: bool = False) -> Path:
         """Export the model with the tokenizer beside it: a LoRA run as a peft adapter directory
         (`peft.PeftModel.from_pretrained(base, path)` loads it), a merged LoRA model (``merged=True``)
-        or a full fine-tune as a `transformers` model directory (`workbench.train.lora.save_model`).
+        or a full fine-tune as a `transformers` model directory (`workbench.train.adapter_files.save_model`).
         `path` is new, empty or an earlier export (``overwrite=True``: any directory but the run's base
         model and checkpoints). Under torchrun every rank calls it (FSDP2 shards are gathered) and the
         main rank writes."""
