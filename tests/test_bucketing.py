@@ -22,6 +22,7 @@ from workbench.data.collate import (
     pack_plan,
     pack_sequences,
     packing_efficiency,
+    padded_length,
 )
 from workbench.data.loader import make_loader, synthetic_batch
 from workbench.data.sampler import BucketBatchSampler
@@ -250,6 +251,22 @@ def test_bucket_collator_pads_to_the_boundary():
     dynamic = BucketCollator(0, None, 64)([[1, 2, 3], [1]])
     assert dynamic["input_ids"].shape == (2, 3)
     assert BucketCollator(0, None, 64, multiple_of=8)([[1, 2, 3], [1]])["input_ids"].shape == (2, 8)
+
+
+@pytest.mark.parametrize(("boundaries", "multiple_of"), [([4, 8, 16], 1), (None, 1), (None, 8)])
+def test_every_collator_pads_a_batch_to_the_same_length(boundaries, multiple_of):
+    from workbench.rl.prompt_loader import PromptCollator
+
+    assert (
+        padded_length(5, [4, 8, 16]) == 8 and padded_length(0, None) == 1 and padded_length(9, None, 8) == 16
+    )
+    for longest in (1, 3, 4, 5, 9, 16):
+        ids = [list(range(1, longest + 1)), [1]]
+        training = BucketCollator(0, boundaries, multiple_of=multiple_of)(ids)["input_ids"]
+        prompts = PromptCollator(0, boundaries, multiple_of=multiple_of)(
+            [{"input_ids": row, "index": i, "filler": False} for i, row in enumerate(ids)]
+        )["input_ids"]
+        assert training.shape == prompts.shape == (2, padded_length(longest, boundaries, multiple_of))
 
 
 @pytest.mark.parametrize(

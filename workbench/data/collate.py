@@ -52,6 +52,15 @@ from workbench.data.chat import IGNORE_INDEX
 # ---- collators -------------------------------------------------------------------------------
 
 
+def padded_length(longest: int, boundaries: Sequence[int] | None, multiple_of: int = 1) -> int:
+    """The length every collator pads a batch to: the first of the sorted `boundaries` that holds its
+    `longest` member (the bucket the sampler chose), or without boundaries that member's length rounded
+    up to `multiple_of` (at least one)."""
+    if boundaries is None:
+        return int(round_up(max(1, longest), multiple_of))
+    return boundaries[bisect.bisect_left(boundaries, longest)]
+
+
 def ids_and_labels(example: Any) -> tuple[list[int], list[int]]:
     if isinstance(example, dict):
         ids = list(example["input_ids"])
@@ -83,16 +92,11 @@ class BucketCollator:
         self.limit = min(limits) if limits else None
         self.multiple_of = int(multiple_of)
 
-    def padded_length(self, longest: int) -> int:
-        if self.boundaries is None:
-            return int(round_up(max(1, longest), self.multiple_of))
-        return self.boundaries[bisect.bisect_left(self.boundaries, longest)]
-
     def __call__(self, examples: Sequence[Any]) -> dict[str, torch.Tensor]:
         pairs = [ids_and_labels(e) for e in examples]
         if self.limit is not None:
             pairs = [(ids[: self.limit], labels[: self.limit]) for ids, labels in pairs]
-        length = self.padded_length(max(len(ids) for ids, _ in pairs))
+        length = padded_length(max(len(ids) for ids, _ in pairs), self.boundaries, self.multiple_of)
         n = len(pairs)
         input_ids = torch.full((n, length), self.pad_token_id, dtype=torch.long)
         labels = torch.full((n, length), IGNORE_INDEX, dtype=torch.long)

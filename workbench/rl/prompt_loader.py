@@ -12,12 +12,12 @@ copies marked as fillers, so every held-out prompt is scored once and no new sha
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from workbench.data.collate import padded_length
 from workbench.data.loader import dataset_lengths, plan_for_config
 from workbench.data.sampler import BucketBatchSampler
 
@@ -56,13 +56,8 @@ class PromptCollator:
         self.boundaries = None if boundaries is None else sorted(int(b) for b in boundaries)
         self.multiple_of = int(multiple_of)
 
-    def padded_length(self, longest: int) -> int:
-        if self.boundaries is None:
-            return -(-max(1, longest) // self.multiple_of) * self.multiple_of
-        return self.boundaries[bisect.bisect_left(self.boundaries, longest)]
-
     def __call__(self, examples: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        length = self.padded_length(max(len(e["input_ids"]) for e in examples))
+        length = padded_length(max(len(e["input_ids"]) for e in examples), self.boundaries, self.multiple_of)
         rows = len(examples)
         input_ids = torch.full((rows, length), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((rows, length), dtype=torch.long)
