@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,106 @@ def test_overrides_may_come_before_between_and_after_the_options():
     )
     with pytest.raises(SystemExit):
         parse_args(["train", "a.b=1", "--bogus"])
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("out", "is a directory: give the file to write the JSON to, e.g. --metrics-out"),
+        ("file.txt/metrics.json", "cannot be written: {file} is a file, not a directory"),
+    ],
+)
+def test_a_metrics_out_that_cannot_be_written_exits_2_before_the_run(
+    tiny, tmp_path, capsys, monkeypatch, where, message
+):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "file.txt").write_text("in the way")
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the run started before --metrics-out was checked")
+
+    monkeypatch.setattr(Trainer, "__init__", no_run)
+    value = str(tmp_path / where)
+    assert main(["train", "--config", str(tiny), "--metrics-out", value]) == 2
+    err = capsys.readouterr().err
+    expected = message.format(file=repr(str(tmp_path / "file.txt")))
+    assert err.startswith(f"error: --metrics-out {value!r} {expected}") and err.count("\n") == 1
+
+
+IMPORT_MARKS = """\
+import os, sys
+
+_watched = set(os.environ["WORKBENCH_TEST_IMPORT_MARKS"].split(","))
+
+
+class _Marks:  # says on stderr when a watched module starts importing (the test sends Ctrl-C then)
+    def find_spec(self, name, path=None, target=None):
+        if name in _watched:
+            _watched.discard(name)
+            sys.stderr.write(f"@@importing {name}\\n")
+            sys.stderr.flush()
+        return None
+
+
+sys.meta_path.insert(0, _Marks())
+"""
+"""A sitecustomize for the child: a line on stderr as a module starts importing, so the interrupt lands
+inside that import whatever the machine's speed."""
+
+
+@pytest.mark.parametrize(
+    ("moment", "mark", "args"),
+    [
+        ("importing the package", "@@importing workbench.backend.hardware", []),
+        ("importing torch", "@@importing torch", []),
+        # half way through torch_xla's __init__ (its C extension loaded): where the old NameError came from
+        ("importing torch_xla", "@@importing torch_xla.stablehlo", ["train.device_type=xla"]),
+        ("training", r"\| *[1-9][0-9]*/100000 ", ["train.steps=100000"]),  # the bar shows a step done
+    ],
+)
+def test_ctrl_c_at_any_moment_of_start_up_exits_130_with_one_line(tiny, tmp_path, moment, mark, args):
+    """Ctrl-C while torch_xla imported used to end in `NameError: name 'runtime' is not defined`, exit 1 (the
+    interrupt's handler imported the half-loaded torch_xla again); while the package imported, in a traceback."""
+    import signal
+    import threading
+
+    from tests.conftest import xla_env
+
+    (tmp_path / "sitecustomize.py").write_text(IMPORT_MARKS)
+    watched = "workbench.backend.hardware,torch,torch_xla.stablehlo"
+    env = xla_env(1, {"WORKBENCH_TEST_IMPORT_MARKS": watched, "PYTHONPATH": f"{tmp_path}:{REPO}"})
+    child = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "train", "--config", str(tiny), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    seen = b""
+
+    def read_until_the_mark() -> None:  # then interrupt, and read the rest
+        nonlocal seen
+        while chunk := child.stderr.read1(65536):
+            seen += chunk
+            if re.search(mark.encode(), seen) and child.returncode is None:
+                child.send_signal(signal.SIGINT)
+                mark_sent.set()
+                seen += child.stderr.read()
+                return
+
+    mark_sent = threading.Event()
+    reader = threading.Thread(target=read_until_the_mark)
+    reader.start()
+    try:
+        child.wait(timeout=300)
+    finally:
+        child.kill()
+        reader.join()
+    assert mark_sent.is_set(), f"{mark!r} never came: {seen.decode()[-2000:]}"
+    err = seen.decode().replace("\r", "\n")
+    after = err[re.search(mark, err).end() :].partition("\n")[2]  # what came after the mark's line
+    lines = [line for line in after.splitlines() if line.strip() and not re.search(r"^@@|\d+/\d+ \[", line)]
+    assert child.returncode == 130 and "Traceback" not in err, (
+        f"{moment}: exit {child.returncode}\n{err[-3000:]}"
+    )
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted"), f"{moment}: {lines}"

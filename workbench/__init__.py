@@ -4,12 +4,18 @@ Importing this package starts no runtime: torch_xla is only imported (through
 `workbench.backend.xla.runtime`) when a function needs it, e.g. `hardware.detect()`.
 """
 
-from workbench.backend.hardware import HardwareError, HardwareInfo, detect
-from workbench.config import ConfigError, WorkbenchConfig, load_config
+from workbench import interrupt
 
-# Imported last and by name: the function `doctor` replaces the subpackage of the same name as the
-# package attribute, so `from workbench import doctor` always gives the function (cheap: no torch).
-from workbench.doctor import doctor
+try:  # Ctrl-C here, the first moment of `python -m workbench`: one line and 130 (`workbench.interrupt`)
+    from workbench.backend.hardware import HardwareError, HardwareInfo, detect
+    from workbench.config import ConfigError, WorkbenchConfig, load_config
+
+    # Imported last and by name: the function `doctor` replaces the subpackage of the same name as the
+    # package attribute, so `from workbench import doctor` always gives the function (cheap: no torch).
+    from workbench.doctor import doctor
+except KeyboardInterrupt:
+    interrupt.exit_if_the_command()
+    raise
 
 __all__ = [
     "ConfigError",

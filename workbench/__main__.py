@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from workbench.interrupt import interrupted_line
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; `parse_args` applies it."""
@@ -108,6 +110,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _command(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before a command took it in hand (`train` says where it stopped itself), e.g. while torch or
+        # torch_xla imports: one line and 130, and nothing asked of a runtime a half-done import left behind
+        return interrupted_line()
+
+
+def _command(argv: list[str] | None) -> int:
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what `train --nproc` hands each rank
 

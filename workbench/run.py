@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import traceback
 import warnings
@@ -40,8 +41,9 @@ from workbench.backend import multihost
 from workbench.backend.hardware import HardwareError
 from workbench.backend.protocol import OneProcess
 from workbench.config import WorkbenchConfig, load_config
+from workbench.interrupt import EXIT_INTERRUPTED
 
-EXIT_OK, EXIT_FAILED, EXIT_CANNOT_START, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_CANNOT_START = 0, 1, 2
 
 # What stops a run before its first step and is the user's to fix: the messages name the field,
 # value or path (ConfigError, MultiHostError, MeshError, ShardingError are ValueErrors).
@@ -178,12 +180,14 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
 
 def _config(args: argparse.Namespace) -> WorkbenchConfig:
     """The run's config from ``--config`` and the overrides, its ``train.time_limit`` against a save, and
-    its ``--save-pretrained`` directory checked as the save at the end will check it (so a refusal comes
-    before training, or before ``--nproc`` launches any rank, not after)."""
+    its ``--save-pretrained`` directory and ``--metrics-out`` file checked as the writes at the end will
+    need them (so a refusal comes before training, or before ``--nproc`` launches any rank, not after)."""
     from workbench.train.clock import check_time_limit
 
     if args.config is not None and not Path(args.config).is_file():
         raise FileNotFoundError(f"config file {args.config!r} does not exist")
+    if getattr(args, "metrics_out", None):
+        _check_metrics_out(args.metrics_out)
     cfg = load_config(args.config, args.overrides)
     check_time_limit(cfg.train.time_limit, cfg.train.checkpoint_dir)  # before anything loads (or launches)
     if args.save_pretrained:
@@ -195,6 +199,26 @@ def _config(args: argparse.Namespace) -> WorkbenchConfig:
             protected=run_protected_dirs(cfg),
         )
     return cfg
+
+
+def _check_metrics_out(path: str) -> None:
+    """`ValueError` naming ``--metrics-out`` and `path` when the JSON could not be written there at the end:
+    a directory, a file in the way of its directories, or a place without write permission."""
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(
+            f"--metrics-out {path!r} is a directory: give the file to write the JSON to, e.g. "
+            f"--metrics-out {str(out / 'metrics.json')!r}"
+        )
+    existing = next(p for p in (out, *out.parents) if p.exists() or p == Path(p.anchor))
+    if existing != out and not existing.is_dir():
+        raise ValueError(
+            f"--metrics-out {path!r} cannot be written: {str(existing)!r} is a file, not a directory"
+        )
+    if not os.access(existing, os.W_OK | (0 if existing == out else os.X_OK)):
+        raise ValueError(
+            f"--metrics-out {path!r} cannot be written: no write permission on {str(existing)!r}"
+        )
 
 
 def _header(args: argparse.Namespace, cfg: WorkbenchConfig, hw: Any) -> str:
@@ -346,13 +370,15 @@ def _one_line(err: BaseException) -> str:
 
 
 def _fail(message: str, code: int) -> int:
-    count = multihost.process_count()
+    # after an interrupt torch_xla may be half imported: importing it again would fail, so ask no runtime
+    asks = code != EXIT_INTERRUPTED
+    count = multihost.process_count(start_runtime=asks)
     if code == EXIT_CANNOT_START:
         from workbench.launch import report_rank_error
 
         # `train --nproc N` prints it once for every rank that found it (N = 1 too: one line, not two)
         if report_rank_error(message):
             return code
-    rank = f"rank {multihost.process_index()} of {count}: " if count > 1 else ""
+    rank = f"rank {multihost.process_index(start_runtime=asks)} of {count}: " if count > 1 else ""
     print(f"error: {rank}{message}", file=sys.stderr, flush=True)
     return code

@@ -49,10 +49,14 @@ class MultiHostError(ValueError):
     """A multi-host quantity that does not work out; the message names the numbers."""
 
 
-def _use_runtime() -> bool:
+def _use_runtime(start: bool = True) -> bool:
     if runtime.runtime_started():
         return True
-    return presence.xla_installed() and (presence.env_requests_xla() is not None or presence.tpu_present())
+    return (
+        start
+        and presence.xla_installed()
+        and (presence.env_requests_xla() is not None or presence.tpu_present())
+    )
 
 
 def _env_int(names: Sequence[str]) -> int | None:
@@ -66,21 +70,26 @@ def _env_int(names: Sequence[str]) -> int | None:
     return None
 
 
-def process_index() -> int:
-    """This process's index (0 on a single host; the rank under torchrun). Process 0 is the main one."""
+def process_index(*, start_runtime: bool = True) -> int:
+    """This process's index (0 on a single host; the rank under torchrun). Process 0 is the main one.
+
+    `start_runtime=False`: only what is known without importing torch_xla or starting its runtime (one
+    already started, torchrun's and the hosts' variables), for a line printed after an interrupt, which
+    may have left torch_xla half imported."""
     if process_group.launched_by_torchrun() and not runtime.runtime_started():
         return int(os.environ["RANK"])
-    if _use_runtime():
+    if _use_runtime(start_runtime):
         return runtime.xla_process_index()
     value = _env_int(_INDEX_VARS)
     return 0 if value is None else value
 
 
-def process_count() -> int:
-    """How many processes take part (one per host on a TPU pod; 1 on Colab/Kaggle; torchrun's ranks)."""
+def process_count(*, start_runtime: bool = True) -> int:
+    """How many processes take part (one per host on a TPU pod; 1 on Colab/Kaggle; torchrun's ranks);
+    `start_runtime` as `process_index`'s."""
     if process_group.launched_by_torchrun() and not runtime.runtime_started():
         return int(os.environ["WORLD_SIZE"])
-    if _use_runtime():
+    if _use_runtime(start_runtime):
         return runtime.xla_process_count()
     value = _env_int(_COUNT_VARS)
     return 1 if value is None else value
