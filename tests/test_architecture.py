@@ -1,4 +1,4 @@
-"""The layout rules of docs/ARCHITECTURE.md, checked on the source: layers, the runtime seam, sizes, names."""
+"""The layout rules of docs/ARCHITECTURE.md, checked on the source: the runtime seam, sizes, names (the layers: test_imports.py)."""
 
 from __future__ import annotations
 
@@ -11,60 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("workbench", "widgets")
 
-# What each part of `workbench` may import from the rest of it (imports for annotations only,
-# under `if TYPE_CHECKING:`, are free). Lower layers never import higher ones.
-ALLOWED = {
-    "units": set(),
-    "model_dirs": set(),
-    "config_parse": set(),
-    "config_checks": {"config_parse"},
-    # rl.settings: the grpo section; config_checks: the checks across sections
-    "config": {"units", "config_parse", "config_checks", "models.families", "rl.settings"},
-    "config_reference": {
-        "units",
-        "config_parse",
-        "config",
-        "config_checks",
-        "models.families",
-        "rl.settings",
-    },  # the config layer's own
-    "backend": {"units", "config"},
-    "models": {"units", "config", "backend"},
-    # sampling: the decoder and its controls sit beside generate, on the runtime alone
-    "generation_controls": set(),
-    "decoding": {"backend", "generation_controls"},
-    "generate": {"backend", "decoding", "generation_controls"},
-    "parallel": {"units", "config", "backend", "models"},
-    "data": {"units", "model_dirs", "config", "backend"},
-    "analysis": {"units", "config", "backend", "models", "parallel"},
-    "train": {
-        "units",
-        "model_dirs",
-        "config",
-        "backend",
-        "models",
-        "parallel",
-        "data",
-        "analysis",
-        "rl.wiring",
-    },
-    # the RL room builds on the trainer's parts (streams, steps, warm-up) and on generation; the trainer
-    # reaches it through one module, `rl.wiring`
-    "rl": {
-        "units",
-        "model_dirs",
-        "config_parse",
-        "config",
-        "backend",
-        "models",
-        "parallel",
-        "data",
-        "analysis",
-        "train",
-        "generate",
-        "generation_controls",
-    },
-}
+# The layers and the import graph (no circle, no upward import) are tests/test_imports.py's.
 
 
 def _modules(package: str) -> list[Path]:
@@ -93,26 +40,6 @@ def _runtime_imports(tree: ast.Module) -> list[tuple[str, int]]:
         elif isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
     return found
-
-
-def _part(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
-
-
-def test_each_layer_imports_only_the_layers_below_it():
-    wrong = []
-    for path in _modules("workbench"):
-        source = _part(_module_name(path))
-        if source not in ALLOWED:  # the entry points (demo, smoke, the CLI) may use everything
-            continue
-        for target, line in _runtime_imports(ast.parse(path.read_text())):
-            if not target.startswith("workbench.") or _part(target) == source:
-                continue
-            allowed = ALLOWED[source]
-            if _part(target) not in allowed and ".".join(target.split(".")[1:3]) not in allowed:
-                wrong.append(f"{path.relative_to(REPO)}:{line} imports {target}")
-    assert not wrong, "\n".join(wrong)
 
 
 def test_torch_xla_is_imported_only_behind_the_runtime_seam():
