@@ -18,15 +18,18 @@ completion of up to ``--max-new-tokens`` tokens (`workbench.generate.generate`: 
 on the device ``train.device_type`` picks), and each reward's mean is printed with the accuracy
 (the share of completions ``math_answer`` scores 1.0, when it is among the rewards).
 
-Exit codes: 0 evaluated; 1 failed while evaluating (a reward function that raises included); 2 could
-not start (a bad directory, data file, config, override or reward name: one ``error:`` line, no
-traceback).
+Exit codes: 0 evaluated; 1 failed while evaluating (a reward function that raises, or rewards that
+scored no completion: one ``error:`` line); 2 could not start (a bad directory, data file, config,
+override or reward name, records without the ``answer`` column ``math_answer`` compares with: one
+``error:`` line, no traceback). Errors and notices name the command's own flags (``--data``,
+``--rewards``), not the training settings they stand for (`eval_words`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import traceback
 from typing import Any
@@ -79,10 +82,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
         )
         return EXIT_CANNOT_START
     try:
-        with notices_as_lines():
+        with notices_as_lines(eval_words):
             trainer, described, examples = _set_up(args)
     except (ValueError, OSError, HardwareError) as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"error: {eval_words(' '.join(str(err).split()))}", file=sys.stderr)
         return EXIT_CANNOT_START
     try:
         loss = trainer.evaluate()
@@ -161,6 +164,25 @@ def eval_defaults(args: argparse.Namespace, model_dir: Any) -> Any:
     return defaults
 
 
+_EVAL_WORDS = (
+    (re.compile(r"\btrain\.objective=grpo\b"), "eval --rewards"),
+    (re.compile(r"\btrain\.objective=\w+ (reads|needs)\b"), r"eval \1"),
+    (re.compile(r"\bdata\.source="), "--data "),
+    (re.compile(r"\bdata\.source\b"), "--data"),
+    (re.compile(r"\bgrpo\.reward_funcs\b"), "--rewards"),
+)
+"""The training settings `eval` stands for by its flags: what the data and reward layers name, reworded."""
+
+
+def eval_words(message: str) -> str:
+    """`message` (an error or notice of the data or reward layer, written for ``train``) in ``eval``'s own
+    terms: ``--data`` for ``data.source``, ``--rewards`` for ``grpo.reward_funcs`` and
+    ``train.objective=grpo``; the user typed the flags, not the settings."""
+    for pattern, words in _EVAL_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
 def _print_notice(message: str) -> None:
     """A notice of this read-only command (a damaged checkpoint skipped): one ``notice:`` line on stderr."""
-    print(f"notice: {message}", file=sys.stderr)
+    print(f"notice: {eval_words(message)}", file=sys.stderr)
