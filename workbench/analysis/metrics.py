@@ -136,8 +136,9 @@ class RunMetrics(IntervalMetrics):
     for a whole interval stops."""
     reward_std: float | None
     """GRPO: the spread of the completions' total rewards within their group (a prompt's completions):
-    the mean over a rollout's groups of each group's standard deviation (TRL's ``reward_std``), averaged
-    over the interval's rollouts."""
+    the mean over a rollout's groups of each group's standard deviation (TRL's ``reward_std``; its
+    unscored completions left out, a group with fewer than two scored left out), averaged over the
+    interval's rollouts."""
     rewards: dict[str, float | None] | None
     """GRPO: each reward function's mean over the interval's completions, by its name (TRL's
     ``rewards/<name>/mean``; the dashboard's traces are named ``reward/<name>``); a function that
