@@ -140,9 +140,9 @@ BAD = [
         r"grpo\.beta=0\.04 is not allowed: must be 0 without LoRA adapters",
     ),
     (
-        ["train.objective=grpo"],
-        r"grpo\.max_completion_length=512 is not allowed: plus data\.max_length \(the longest prompt\) must be "
-        r"<= model\.max_position_embeddings=512",
+        ["train.objective=grpo", "grpo.max_completion_length=512"],
+        r"grpo\.max_completion_length=512 \+ data\.max_length=256 \(the longest prompt\) = 768 > "
+        r"model\.max_position_embeddings=512",
     ),
     (["train.simpo_gamma=-1"], r"train\.simpo_gamma=-1\.0 is not allowed: must be >= 0"),
 ]

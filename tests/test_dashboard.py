@@ -635,3 +635,42 @@ def test_an_sft_run_has_no_grpo_panels_and_both_objectives_cannot_be_asked_for()
     assert not never.shows_grpo and never.trace("reward mean").x == [1]  # kept, not drawn
     with pytest.raises(ValueError, match="one objective's panels"):
         Dashboard(preference=True, grpo=True)
+
+
+def test_a_grpo_run_shows_the_share_cut_and_its_latest_completions_as_a_table(tmp_path):
+    dash = Dashboard(min_interval_s=0)
+    assert dash.completions.value == ""  # nothing logged: the table takes no space
+    rows = [
+        {
+            "step": 2,
+            "group": 0,
+            "prompt": [{"role": "user", "content": "What is 2 < 3?"}],
+            "completion": "#### 4",
+            "rewards": {"math_answer": 1.0, "format": None},
+            "reward": 1.0,
+            "advantage": 0.71,
+            "clipped": False,
+        },
+        {
+            "step": 2,
+            "group": 0,
+            "prompt": [{"role": "user", "content": "What is 2 < 3?"}],
+            "completion": "<b>cut",
+            "rewards": {"math_answer": None, "format": None},
+            "reward": None,
+            "advantage": 0.0,
+            "clipped": True,
+        },
+    ]
+    dash(grpo_metrics(1, clipped_ratio=0.75, completions=[{**rows[0], "step": 1}]))
+    dash(grpo_metrics(2, clipped_ratio=0.5, completions=rows))
+    dash(grpo_metrics(3, clipped_ratio=0.25))  # no completions this interval: the last ones stay
+    assert dash.trace("clipped completions").y == [0.75, 0.5, 0.25]
+    table = dash.completions.value
+    assert "Completions at step 2 (2 of the latest rollout" in table
+    assert table.count("What is 2 &lt; 3?") == 1  # a group's prompt once, escaped
+    assert "&lt;b&gt;cut" in table and "<b>cut" not in table and "✂" in table
+    assert "<th>math_answer</th><th>format</th><th>reward</th><th>advantage</th>" in table
+    assert table.count("n/a") == 4 and "0.710" in table
+    exported = dash.export_html(tmp_path / "report.html").read_text()
+    assert "Latest completions" in exported and "&lt;b&gt;cut" in exported

@@ -62,6 +62,9 @@ def test_grpo_on_a_mesh_raises_the_held_out_reward_without_recompiling(mesh_run)
         assert 1.0 <= m["completion_length"] <= 4.0
         assert m["rollout_s"] > 0 and m["train_s"] > 0 and m["rollout_tokens_per_s"] > 0
         assert 0.0 <= m["zero_std_groups"] <= 1.0 and math.isfinite(m["loss"])
+        # grpo.log_completions: the interval's last rollout, 8 prompts x 8, with no read of their own
+        assert len(m["completions"]) == 64 and {r["step"] for r in m["completions"]} == {m["step"]}
+        assert {r["group"] for r in m["completions"]} == set(range(8)) and 0.0 <= m["clipped_ratio"] <= 1.0
 
 
 def test_mu_above_one_reuses_each_rollout_with_the_samplers_log_probs(mesh_run):

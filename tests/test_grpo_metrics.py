@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,3 +97,113 @@ def test_the_profiler_reads_the_objectives_clip_ratio_kl_and_eval_reward():
     assert all(metrics[key] is None for key in ("reward_accuracy", "eval_reward_accuracy"))
     plain = StepProfiler(None, log_every=1, warmup_steps=0).step(10, loss=torch.tensor(0.5))
     assert all(plain[key] is None for key in ("clip_ratio", "kl", "eval_reward_mean"))
+
+
+# ---- unscored completions, clipped_ratio and the traps named during a run (issue 42) ----------------
+
+
+def test_unscored_completions_are_left_out_of_every_reward_figure():
+    nan = math.nan
+    # group 1: one completion unscored; group 2: none scored
+    figures = rollout_figures(
+        [1.0, nan, 0.0, nan, nan, nan],
+        {"a": 0.5},
+        [3, 3, 3, 3, 3, 3],
+        num_generations=3,
+        zero_std_groups=0.0,
+        seconds=1.0,
+        finished=[True, True, False, True, False, False],
+    )
+    assert figures.reward_mean == pytest.approx(0.5) and figures.scored == 2  # not 1/6: nan is not 0
+    assert figures.reward_std == pytest.approx(np.std([1.0, 0.0], ddof=1))  # the second group has none
+    assert figures.clipped == 3
+    nothing = rollout_figures(
+        [nan] * 4, {"a": nan}, [2] * 4, num_generations=2, zero_std_groups=0.0, seconds=1.0
+    )
+    assert math.isnan(nothing.reward_mean) and math.isnan(nothing.reward_std) and nothing.scored == 0
+    interval = rollout_metrics([figures, nothing], steps=1, train_seconds=0.0)
+    assert interval["reward_mean"] == pytest.approx(0.5)  # over the scored completions of both
+    assert interval["clipped_ratio"] == pytest.approx(3 / 10) and interval["rewards"] == {"a": 0.5}
+    none = rollout_metrics([nothing], steps=1, train_seconds=0.0)
+    assert none["reward_mean"] is None and none["reward_std"] is None and none["rewards"] == {"a": None}
+    assert none["clipped_ratio"] == 0.0 and none["completions"] is None
+
+
+def test_the_traps_of_an_interval_are_named_with_the_key_to_change():
+    from workbench.rl.settings import GRPOConfig
+    from workbench.rl.traps import TrapNotices, interval_traps, nothing_scored
+
+    grpo = GRPOConfig(max_completion_length=64)
+    quiet = {"completion_length": 30.0, "clipped_ratio": 0.5, "zero_std_groups": 0.5, "rewards": {"a": 0.2}}
+    assert interval_traps(quiet, grpo, 5) == []  # half is not "more than half"
+    assert nothing_scored({**quiet, "reward_mean": 0.2}, ["a"], 5) is None
+    loud = {
+        **quiet,
+        "clipped_ratio": 0.75,
+        "zero_std_groups": 0.875,
+        "rewards": {"a": 0.2, "math_answer": None},
+    }
+    traps = {trap.kind: trap.message for trap in interval_traps(loud, grpo, 5)}
+    assert set(traps) == {"clipped", "zero_std", "unscored:math_answer"}
+    assert traps["clipped"].startswith("step 5: 75% of the interval's completions were cut at ")
+    assert "grpo.max_completion_length=64 tokens (clipped_ratio 0.75)" in traps["clipped"]
+    assert "raise grpo.max_completion_length" in traps["clipped"]
+    assert "88% of the interval's groups" in traps["zero_std"] and "zero_std_groups 0.88" in traps["zero_std"]
+    assert (
+        "'math_answer' scored none" in traps["unscored:math_answer"]
+        and "'answer' column" in traps["unscored:math_answer"]
+    )
+    stop = nothing_scored({**loud, "reward_mean": None}, ["math_answer"], 5)
+    assert stop.startswith("step 5: no completion of the interval was scored") and "data.columns" in stop
+    # an interval without a rollout (num_iterations > 1) has no traps and is not "nothing scored"
+    assert interval_traps({"completion_length": None}, grpo, 6) == []
+    assert nothing_scored({"completion_length": None, "reward_mean": None}, ["a"], 6) is None
+    # the first of each kind joins the run's notices, the next ones are lines only
+    kept, lines = [], []
+    notices = TrapNotices(kept.append, lines.append)
+    notices.say(interval_traps(loud, grpo, 5))
+    notices.say(interval_traps(loud, grpo, 10))
+    assert len(kept) == 3 and len(lines) == 3 and all(m.startswith("step 10") for m in lines)
+
+
+def test_logged_completions_are_rows_of_what_the_host_holds_and_a_jsonl_per_run(tmp_path):
+    import json
+
+    from workbench.rl.completions import CompletionsLog, completion_rows, completions_path
+
+    table = np.asarray([[1.0, np.nan], [np.nan, np.nan]], dtype=np.float32)
+    rows = completion_rows(
+        ["p", "p"],
+        ["#### 4", "?"],
+        ["math_answer", "format"],
+        table,
+        np.asarray([1.0, np.nan]),
+        np.asarray([0.7, 0.0]),
+        [True, False],
+        2,
+    )
+    assert rows[0] == {
+        "group": 0,
+        "prompt": "p",
+        "completion": "#### 4",
+        "rewards": {"math_answer": 1.0, "format": None},
+        "reward": 1.0,
+        "advantage": pytest.approx(0.7),
+        "clipped": False,
+    }
+    assert rows[1]["reward"] is None and rows[1]["clipped"] is True
+    assert completions_path("runs/m.json", "ck") == Path("runs/m.completions.jsonl")
+    assert (
+        completions_path(None, "ck") == Path("ck/completions.jsonl") and completions_path(None, None) is None
+    )
+
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (2, 4, 6)))  # an earlier run's
+    log = CompletionsLog(path, start_step=4)  # resumed at step 4: steps 2 and 4 stay, 6 goes
+    log({"completions": None})
+    log({"completions": [{"step": 6, "completion": "é"}]})
+    log({"completions": [{"step": 8, "completion": "x"}]})
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [2, 4, 6, 8]
+    fresh = CompletionsLog(path)  # a run from the start replaces the file
+    fresh({"completions": [{"step": 1}]})
+    assert path.read_text() == '{"step": 1}\n'

@@ -216,3 +216,101 @@ def test_module_function_specs_are_imported_and_bad_ones_named_in_one_line():
         with pytest.raises(ConfigError, match=message) as raised:
             resolve_reward_funcs([spec], field="--rewards")
         assert "\n" not in str(raised.value)
+
+
+# ---- what a function returns: TRL's values accepted, anything else named (issue 42) -----------------
+
+
+def _one(name, returned):
+    """A RewardSet of one function returning `returned` whatever it is given."""
+    return RewardSet([NamedReward(name, lambda prompts, completions, **kw: returned)])
+
+
+def test_values_are_read_as_trls_torch_tensor_reads_them():
+    prompts, completions = ["p0", "p1", "p2"], ["a", "b", "c"]
+    expected = [1.0, 0.0, 0.5]
+    for returned in (
+        torch.tensor(expected),  # a 1-D tensor
+        [torch.tensor(1.0), torch.tensor(0), torch.tensor(0.5, dtype=torch.float64)],  # 0-d tensors
+        np.asarray(expected),
+        torch.tensor(expected).reshape(3, 1),  # rows of one value each
+        (1, False, np.float32(0.5)),
+    ):
+        scores = _one("t", returned).score(prompts, completions)
+        np.testing.assert_allclose(scores.total, expected, err_msg=repr(returned))
+    # NaN scores nothing, as None: left out of the mean, and a completion nothing scored is nan
+    scores = _one("n", [1.0, math.nan, None]).score(prompts, completions)
+    assert math.isnan(scores.total[1]) and math.isnan(scores.total[2]) and scores.mean == 1.0
+
+
+@pytest.mark.parametrize(
+    ("returned", "said"),
+    [
+        ("1.0", r"returned a str \('1\.0'\), not a list of 2 rewards"),
+        (None, r"returned None, not a list of 2 rewards"),
+        ({"p0": 1.0, "p1": 0.0}, r"returned a dict \(\{'p0': 1\.0, 'p1': 0\.0\}\), not a list"),
+        (0.5, r"returned a float \(0\.5\), not a list of 2 rewards"),
+        (torch.tensor(0.5), r"returned a 0-d Tensor, not a list of 2 rewards"),
+        (
+            [torch.tensor([1.0, 2.0]), 1.0],
+            r"returned a Tensor of 2 values for completion 1 of 2, not a number",
+        ),
+    ],
+)
+def test_what_is_not_a_list_of_rewards_is_named_as_what_it_is(returned, said):
+    with pytest.raises(RewardError, match=said) as raised:
+        _one("odd", returned).score(["p0", "p1"], ["a", "b"])
+    assert "'odd'" in str(raised.value) and "p0" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def _lookup(completion):
+    table = {"a": 1.0}
+    return table[completion]  # the line a failing reward points at
+
+
+def fails_in_a_helper(prompts, completions, **columns):
+    """Raises KeyError in `_lookup` (this file) for a completion other than 'a'."""
+    return [_lookup(c) for c in completions]
+
+
+def test_a_raising_function_is_one_line_with_the_users_own_file_and_line():
+    import inspect
+
+    (reward,) = resolve_reward_funcs(["tests.test_rewards:fails_in_a_helper"])
+    with pytest.raises(RewardError) as raised:
+        RewardSet([reward]).score(["p0", "p1"], ["a", "b"])
+    line = inspect.getsourcelines(_lookup)[1] + 2
+    message = str(raised.value)
+    assert f"raised KeyError: 'b' at tests/test_rewards.py:{line} in _lookup, on completion 2 of 2" in message
+    assert "\n" not in message and isinstance(raised.value.__cause__, KeyError)
+    # an error raised inside a library (json) still points at the user's own line that called it
+    import json
+
+    def parses(prompts, completions, **columns):
+        return [json.loads(c) for c in completions]
+
+    with pytest.raises(
+        RewardError, match=r"raised JSONDecodeError: .* at tests/test_rewards\.py:\d+ in (<listcomp>|parses)"
+    ):
+        RewardSet([NamedReward("parses", parses)]).score(["p"], ["not json"])
+
+
+def test_bad_reward_names_are_found_with_the_config():
+    from workbench.config import WorkbenchConfig
+    from workbench.rl.rewards import check_reward_specs
+
+    grpo = {"train.objective": "grpo"}
+    with pytest.raises(
+        ConfigError, match=r"grpo\.reward_funcs: 'math_anser' is not a reward function \(did you mean"
+    ):
+        WorkbenchConfig().with_overrides({**grpo, "grpo.reward_funcs": ["math_anser"]})
+    with pytest.raises(ConfigError, match=r"grpo\.eval_reward_funcs: 'fromat' .*did you mean 'format'"):
+        WorkbenchConfig().with_overrides({**grpo, "grpo.eval_reward_funcs": ["fromat"]})
+    # 'module:function' specs are imported when a run starts (the config may travel without the module)
+    cfg = WorkbenchConfig().with_overrides({**grpo, "grpo.eval_reward_funcs": ["tests.test_rewards:shout"]})
+    with pytest.raises(
+        ConfigError, match=r"grpo\.eval_reward_funcs: 'tests\.test_rewards:shout': module .* has no"
+    ):
+        check_reward_specs(cfg.grpo)
+    # an SFT run's config never reads the grpo section's rewards
+    WorkbenchConfig().with_overrides({"grpo.reward_funcs": ["math_anser"]})

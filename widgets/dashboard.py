@@ -24,11 +24,14 @@ preference figure, so an SFT run's figure is the six panels alone.
 
 GRPO (``train.objective: grpo``, where the loss panel shows the GRPO loss) adds four: the reward
 (its mean with a band of one standard deviation, and the held-out eval's mean as points), each reward
-function's mean (``reward/<name>``), the completion length, and the clip ratio, KL and share of groups
-without signal; the step-time panel splits into rollout and training time and the throughput panel
-adds the rollout's tokens/s. They appear with the first metrics dict that carries a GRPO figure
-(``grpo=None``); the status line adds the latest reward, eval reward and completion length. The
-panels and traces are `widgets.dashboard_panels`'.
+function's mean (``reward/<name>``), the completion length, and the clip ratio, KL, share of groups
+without signal and share of completions cut at the budget (``clipped_ratio``); the step-time panel
+splits into rollout and training time and the throughput panel adds the rollout's tokens/s. They
+appear with the first metrics dict that carries a GRPO figure (``grpo=None``); the status line adds
+the latest reward, eval reward and completion length. The panels and traces are
+`widgets.dashboard_panels`'. With ``grpo.log_completions`` a table under the figure
+(`completions`, `widgets.completions_table`) shows the latest log step's completions with their
+prompts, each function's reward, the total and the advantage; the HTML export has it too.
 
 The figure is a `widgets.live_plot.LivePlot`, not plotly's `FigureWidget`: each flush travels as
 a numbered append-only delta and any page that rendered late or missed one catches up from the
@@ -55,6 +58,7 @@ import ipywidgets as ipw
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from widgets.completions_table import completions_html
 from widgets.dashboard_panels import (
     EVERY_POINT,
     HOVER_TEXT,
@@ -133,6 +137,8 @@ class Dashboard:
         layout, styles = self._look()
         self.figure = LivePlot(layout, styles, name=title)
         self.status = ipw.HTML(value=self._status_html(), layout=ipw.Layout(margin="0 0 4px 0"))
+        self.completions = ipw.HTML(value="", layout=ipw.Layout(margin="4px 0 0 0"))
+        """The latest logged completions of a GRPO run as a table (empty until a metrics dict has some)."""
 
     @property
     def shows_preference(self) -> bool:
@@ -177,6 +183,9 @@ class Dashboard:
         layout, styles = self._look()
         self.figure.update([series.drawn() for series in self._series.values()], layout=layout, styles=styles)
         self.status.value = self._status_html()
+        table = completions_html(self.latest_completions())
+        if table != self.completions.value:
+            self.completions.value = table
         self._pending = False
         self._last_flush = self._clock()
         self.flush_count += 1
@@ -337,6 +346,7 @@ class Dashboard:
         self.flush()
         display(self.status)
         display(self.figure)
+        display(self.completions)  # empty (no space taken) until a GRPO run logs completions
 
     def to_figure(self) -> go.Figure:
         """The live figure's description with every received point (no decimation): the export's figure."""
@@ -350,6 +360,13 @@ class Dashboard:
                 trace["text"] = full.text
             data.append(trace)
         return go.Figure({"data": data, "layout": layout})
+
+    def latest_completions(self) -> list[dict[str, Any]]:
+        """The completions of the latest metrics dict that carried some (``grpo.log_completions``)."""
+        for m in reversed(self.history):
+            if m.get("completions"):
+                return list(m["completions"])
+        return []
 
     def recompilations(self) -> list[tuple[int, str]]:
         """(step, why) for every compile after warm-up, from the intervals that had one."""
@@ -389,6 +406,8 @@ class Dashboard:
                 f"<li>step {step}: <code>{html.escape(why)}</code></li>" for step, why in recompiled
             )
             extra += f"<h2>Recompilations</h2><ul class='recompilations'>{items}</ul>"
+        if completions := self.latest_completions():
+            extra += f"<h2>Latest completions</h2>{completions_html(completions)}"
         if appendix:
             extra += f"<h2>Config</h2><pre>{html.escape(appendix)}</pre>"
         page = f"""<!DOCTYPE html>

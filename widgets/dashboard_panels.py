@@ -5,7 +5,8 @@ Every run draws six panels in a 3 x 2 grid. An objective with figures of its own
 below them (`EXTRA_PANELS`): preference tuning (``train.objective: dpo``) its reward accuracy,
 reward margin and log-prob panels, GRPO (``train.objective: grpo``) its reward (mean, a band of
 one standard deviation, eval points), the reward of each function, the completion length, and the
-policy update's clip ratio, KL and share of groups without signal. A run's rollout and training time
+policy update's clip ratio, KL, share of groups without signal and share of completions cut at the
+budget. A run's rollout and training time
 per step join the step-time panel and its rollout tokens/s the throughput panel, as traces that stay
 out of the legend in any other run. `widgets.dashboard.Dashboard` holds the data and the live plot.
 
@@ -45,7 +46,7 @@ PANELS: dict[str, tuple[str, int, int]] = {
     "reward": ("Reward (mean ± std over completions)", 4, 1),
     "reward_functions": ("Reward of each function (mean)", 4, 2),
     "completion_length": ("Completion length (mean tokens)", 5, 1),
-    "policy": ("Clip ratio, KL, groups without signal", 5, 2),
+    "policy": ("Clip ratio, KL, groups without signal, completions cut", 5, 2),
 }
 EXTRA_PANELS: dict[str, tuple[str, ...]] = {
     "preference": ("reward_accuracy", "reward_margin", "logps"),
@@ -164,6 +165,11 @@ TRACES: dict[str, tuple[str, _Getter, dict[str, Any]]] = {
     "clip ratio": ("policy", lambda m: m.get("clip_ratio"), {"line": {"color": "#d62728"}}),
     "KL": ("policy", lambda m: m.get("kl"), {"line": {"color": "#9467bd"}}),
     "zero-std groups": ("policy", lambda m: m.get("zero_std_groups"), {"line": {"color": "#7f7f7f"}}),
+    "clipped completions": (
+        "policy",
+        lambda m: m.get("clipped_ratio"),
+        {"line": {"color": "#ff7f0e", "dash": "dot"}},
+    ),
 }
 """Every trace of the figure, in drawing order, by name."""
 

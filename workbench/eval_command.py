@@ -18,9 +18,11 @@ completion of up to ``--max-new-tokens`` tokens (`workbench.generate.generate`: 
 on the device ``train.device_type`` picks), and each reward's mean is printed with the accuracy
 (the share of completions ``math_answer`` scores 1.0, when it is among the rewards).
 
-Exit codes: 0 evaluated; 1 failed while evaluating (a reward function that raises included); 2 could
-not start (a bad directory, data file, config, override or reward name: one ``error:`` line, no
-traceback).
+Exit codes: 0 evaluated; 1 failed while evaluating (a reward function that raises, or rewards that
+scored no completion: one ``error:`` line); 2 could not start (a bad directory, data file, config,
+override or reward name, records without the ``answer`` column ``math_answer`` compares with: one
+``error:`` line, no traceback). Errors and notices name the command's own flags (``--data``,
+``--rewards``), not the training settings they stand for (`eval_words`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import traceback
 from typing import Any
 
 from workbench.backend.hardware import HardwareError
-from workbench.eval_setup import _print_notice, eval_defaults
+from workbench.eval_setup import _print_notice, eval_defaults, eval_words
 from workbench.run import EXIT_CANNOT_START, EXIT_FAILED, EXIT_OK, notices_as_lines
 
 
@@ -77,10 +79,10 @@ def run_eval_command(args: argparse.Namespace) -> int:
         )
         return EXIT_CANNOT_START
     try:
-        with notices_as_lines():
+        with notices_as_lines(eval_words):
             trainer, described, examples = _set_up(args)
     except (ValueError, OSError, HardwareError) as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"error: {eval_words(' '.join(str(err).split()))}", file=sys.stderr)
         return EXIT_CANNOT_START
     try:
         loss = trainer.evaluate()

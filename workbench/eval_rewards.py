@@ -7,7 +7,14 @@ prompts (`workbench.data.prompts`; ``math-sample`` evaluates that sample's held-
 prompts bucketed, ``train.batch_size`` rows a batch, on the device ``train.device_type`` picks) and
 scores them with the reward functions (`workbench.rl.rewards.RewardSet`, as a GRPO run's eval does).
 It prints each reward's mean, the mean total, and the accuracy: the share of the completions
-``math_answer`` scored that it scored 1.0. ``--json`` prints one object instead.
+``math_answer`` scored that it scored 1.0. ``--json`` prints one object instead. A completion no
+function scored (each returned None or NaN) is left out of every mean, as in a GRPO run.
+
+What it refuses, in one ``error:`` line naming ``--data`` and ``--rewards`` (`eval_words`): a bad
+reward name (before anything loads), records without the ``answer`` column when ``math_answer`` is
+among the rewards (before the model loads: it would score nothing; exit 2), a reward function that
+raises or returns what is not a reward (its name, the user's ``file:line`` and the prompt; exit 1),
+and rewards that scored no completion at all (exit 1: nothing was measured).
 """
 
 from __future__ import annotations
@@ -21,24 +28,37 @@ import traceback
 from typing import Any
 
 from workbench.backend.hardware import HardwareError
-from workbench.eval_setup import _print_notice, eval_defaults
+from workbench.eval_setup import _print_notice, eval_defaults, eval_words
 from workbench.run import EXIT_CANNOT_START, EXIT_FAILED, EXIT_OK, notices_as_lines
 
 
 def run_reward_eval(args: argparse.Namespace) -> int:
     """Run ``eval --rewards`` for parsed `args`; returns the exit code (0, 1 failed, 2 could not start)."""
+    from workbench.rl.rewards import RewardError
+
     try:
-        with notices_as_lines():
+        with notices_as_lines(eval_words):
             setup = _set_up(args)
     except (ValueError, OSError, HardwareError) as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"error: {eval_words(' '.join(str(err).split()))}", file=sys.stderr)
         return EXIT_CANNOT_START
     try:
-        with notices_as_lines():
+        with notices_as_lines(eval_words):
             report = _evaluate(**setup)
-    except Exception as err:  # a reward function's RewardError names itself and the prompt
+    except RewardError as err:  # the line names the function, the user's file:line and the prompt
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as err:
         traceback.print_exc()
         print(f"error: evaluating failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    if report["reward_mean"] is None:
+        print(
+            f"error: --rewards {','.join(report['rewards'])} scored none of the {report['prompts']:,} "
+            f"completions of --data {args.data!r} (each function returned None or NaN for each): nothing "
+            "was measured",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     report.update(data=args.data, model=setup["described"])
     print(json.dumps(report) if args.json else _lines(report))
@@ -52,7 +72,7 @@ def _set_up(args: argparse.Namespace) -> dict[str, Any]:
     from workbench.backend.hardware import detect
     from workbench.backend.xla import runtime
     from workbench.data.math_sample import MATH_SAMPLE
-    from workbench.data.prompts import build_prompts
+    from workbench.data.prompts import build_prompts, load_prompts
     from workbench.data.records import split_eval
     from workbench.model_dirs import resolve_model_dir
     from workbench.models.attention_choice import choose_attention, use_attention
@@ -69,8 +89,15 @@ def _set_up(args: argparse.Namespace) -> dict[str, Any]:
         [f"data.source={args.data}", *([] if keep_split else ["data.eval_fraction=0"]), *args.overrides]
     )
     rewards = RewardSet(resolve_reward_funcs(specs, cfg.grpo, field="--rewards"))
+    records = load_prompts(cfg.data)  # the data's errors before a model loads
+    if "math_answer" in rewards.names and "answer" not in records.column_names:
+        raise ValueError(
+            f"--data {args.data!r} has no 'answer' column, which --rewards math_answer compares each "
+            f"completion with (its columns: {', '.join(records.column_names)}): nothing would be scored; "
+            "name yours with data.columns={answer: YOUR_COLUMN}"
+        )
     model, tokenizer = load_for_inference(model_dir.path, base=args.base)
-    prompts = build_prompts(cfg, tokenizer, reward_names=specs)
+    prompts = build_prompts(cfg, tokenizer, reward_names=specs, records=records)
     if keep_split:
         _, held_out = split_eval(prompts, cfg.data.eval_fraction, cfg.train.seed)
         prompts = held_out if held_out is not None else prompts

@@ -9,6 +9,7 @@ notice of either (a damaged checkpoint skipped) is one ``notice:`` line on stder
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Any
 
@@ -31,6 +32,25 @@ def eval_defaults(args: argparse.Namespace, model_dir: Any) -> Any:
     return defaults
 
 
+_EVAL_WORDS = (
+    (re.compile(r"\btrain\.objective=grpo\b"), "eval --rewards"),
+    (re.compile(r"\btrain\.objective=\w+ (reads|needs)\b"), r"eval \1"),
+    (re.compile(r"\bdata\.source="), "--data "),
+    (re.compile(r"\bdata\.source\b"), "--data"),
+    (re.compile(r"\bgrpo\.reward_funcs\b"), "--rewards"),
+)
+"""The training settings `eval` stands for by its flags: what the data and reward layers name, reworded."""
+
+
+def eval_words(message: str) -> str:
+    """`message` (an error or notice of the data or reward layer, written for ``train``) in ``eval``'s own
+    terms: ``--data`` for ``data.source``, ``--rewards`` for ``grpo.reward_funcs`` and
+    ``train.objective=grpo``; the user typed the flags, not the settings."""
+    for pattern, words in _EVAL_WORDS:
+        message = pattern.sub(words, message)
+    return message
+
+
 def _print_notice(message: str) -> None:
     """A notice of this read-only command (a damaged checkpoint skipped): one ``notice:`` line on stderr."""
-    print(f"notice: {message}", file=sys.stderr)
+    print(f"notice: {eval_words(message)}", file=sys.stderr)

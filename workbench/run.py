@@ -32,7 +32,7 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -164,9 +164,17 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
         notice = gpu_notice(hw.local_devices, _command_line(args))
         if notice is not None:
             multihost.print_on_main(f"notice: {notice}", file=sys.stderr)
+    completions = completions_log(cfg, args.metrics_out)  # grpo.log_completions: a JSONL beside
     with notices_as_lines():  # data loading's notices (the format found, records left out) too
         train_ds, eval_ds, tokenizer = build_datasets(cfg)
-        trainer = Trainer(cfg, tokenizer=tokenizer, train_dataset=train_ds, eval_dataset=eval_ds, hardware=hw)
+        trainer = Trainer(
+            cfg,
+            tokenizer=tokenizer,
+            train_dataset=train_ds,
+            eval_dataset=eval_ds,
+            hardware=hw,
+            callbacks=[completions] if completions is not None else (),
+        )
     if not isinstance(trainer.replicas, OneProcess):  # torchrun's ranks: what each holds of the model
         multihost.print_on_main(
             f"ranks: {trainer.replicas.describe()}\n" + "\n".join(trainer.sharding_report)
@@ -175,13 +183,36 @@ def _set_up(args: argparse.Namespace) -> tuple[Any, int | None]:
         latest = (
             trainer.checkpoints.latest() if trainer.checkpoints is not None and cfg.train.resume else None
         )
-    return trainer, (trainer.checkpoints.manager.step_of(latest) if latest is not None else None)
+    resume_step = trainer.checkpoints.manager.step_of(latest) if latest is not None else None
+    if completions is not None:  # a resumed run keeps its earlier steps' completions
+        completions.start_step = resume_step or 0
+    return trainer, resume_step
+
+
+def completions_log(cfg: WorkbenchConfig, metrics_out: str | None) -> Any:
+    """The `CompletionsLog` of a GRPO run with ``grpo.log_completions`` (beside ``--metrics-out``, else
+    in ``train.checkpoint_dir``), said in a notice; None otherwise (a notice says where they are not)."""
+    if cfg.train.objective != "grpo" or not cfg.grpo.log_completions:
+        return None
+    from workbench.rl.completions import CompletionsLog, completions_path
+
+    path = completions_path(metrics_out, cfg.train.checkpoint_dir)
+    if path is None:
+        multihost.print_on_main(
+            "notice: grpo.log_completions: give --metrics-out FILE (or train.checkpoint_dir) to keep the "
+            "completions in a JSONL file; without either they reach only the metrics' callbacks",
+            file=sys.stderr,
+        )
+        return None
+    multihost.print_on_main(f"notice: grpo.log_completions: completions go to {path}", file=sys.stderr)
+    return CompletionsLog(path)
 
 
 def _config(args: argparse.Namespace) -> WorkbenchConfig:
-    """The run's config from ``--config`` and the overrides, its ``train.time_limit`` against a save, and
-    its ``--save-pretrained`` directory and ``--metrics-out`` file checked as the writes at the end will
-    need them (so a refusal comes before training, or before ``--nproc`` launches any rank, not after)."""
+    """The run's config from ``--config`` and the overrides, its ``train.time_limit`` against a save, its
+    GRPO reward functions imported, and its ``--save-pretrained`` directory and ``--metrics-out`` file checked
+    as the writes at the end will need them (so a refusal comes before training, or before ``--nproc``
+    launches any rank, not after)."""
     from workbench.train.clock import check_time_limit
 
     if args.config is not None and not Path(args.config).is_file():
@@ -190,6 +221,10 @@ def _config(args: argparse.Namespace) -> WorkbenchConfig:
         _check_metrics_out(args.metrics_out)
     cfg = load_config(args.config, args.overrides)
     check_time_limit(cfg.train.time_limit, cfg.train.checkpoint_dir)  # before anything loads (or launches)
+    if cfg.train.objective == "grpo":  # 'module:function' rewards imported before data and model load
+        from workbench.rl.rewards import check_reward_specs
+
+        check_reward_specs(cfg.grpo)
     if args.save_pretrained:
         from workbench.train.export_dir import check_export_dir, run_protected_dirs
 
@@ -271,7 +306,9 @@ def run_summary(trainer: Any, result: Any, resume_step: int | None = None, saved
         rows.append(("rewards", f"mean {last['reward_mean']:.3f} over the last interval's completions"))
     stats = getattr(result.eval_loss, "stats", None)
     if stats and "reward_mean" in stats:  # GRPO: greedy completions of the eval prompts, scored
-        rows.append(("eval reward", f"{stats['reward_mean']:.3f} (greedy completions of the eval prompts)"))
+        mean = stats["reward_mean"]
+        shown = f"{mean:.3f}" if math.isfinite(mean) else "n/a (no completion scored)"
+        rows.append(("eval reward", f"{shown} (greedy completions of the eval prompts)"))
     elif stats:
         rows.append(
             (
@@ -302,6 +339,8 @@ def _write_metrics(path: str | None, trainer: Any, result: Any, status: str) -> 
         return
     done = {} if result is None else dataclasses.asdict(result)
     history = done.pop("history", None) or trainer.history
+    # GRPO's logged completions go to their own JSONL beside this file (`workbench.rl.completions`)
+    history = [{k: v for k, v in m.items() if k != "completions"} for m in history]
     report = {
         "status": status,
         "step": trainer.loop.step,
@@ -339,16 +378,17 @@ def _plain(value: Any) -> Any:
 
 
 @contextmanager
-def notices_as_lines() -> Iterator[None]:
+def notices_as_lines(reword: Callable[[str], str] = str) -> Iterator[None]:
     """The workbench's own RuntimeWarnings (its notices) as ``notice: ...`` lines, on the main process
-    (every command that loads data or models: ``train``, ``eval``, ``generate``)."""
+    (every command that loads data or models: ``train``, ``eval``, ``generate``); `reword` puts a
+    notice in the command's own terms (``eval``'s flags)."""
     package = str(Path(__file__).resolve().parent)
     with warnings.catch_warnings():
         default = warnings.showwarning
 
         def show(message: Any, category: Any, filename: str, *rest: Any, **kwargs: Any) -> None:
             if issubclass(category, RuntimeWarning) and str(filename).startswith(package):
-                multihost.print_on_main(f"notice: {message}", file=sys.stderr)
+                multihost.print_on_main(f"notice: {reword(str(message))}", file=sys.stderr)
             else:
                 default(message, category, filename, *rest, **kwargs)
 
@@ -359,10 +399,14 @@ def notices_as_lines() -> Iterator[None]:
 def _run_verdicts() -> tuple[type[BaseException], ...]:
     """What stops a run on purpose once it started, with a message that is the whole story (no traceback):
     a loss that is not finite (exit 1), a time limit that holds no step (exit 2 before the first, 1 after)."""
+    from workbench.rl.rewards import RewardError
+    from workbench.rl.traps import NothingScoredError
     from workbench.train.clock import TimeLimitError, TimeLimitExceededError
     from workbench.train.finite import NonFiniteLossError
 
-    return (NonFiniteLossError, TimeLimitError, TimeLimitExceededError)
+    # a reward function that failed (its line names it, the user's file:line and the prompt), rewards
+    # that scored nothing for a whole interval
+    return (NonFiniteLossError, TimeLimitError, TimeLimitExceededError, RewardError, NothingScoredError)
 
 
 def _one_line(err: BaseException) -> str:

@@ -87,7 +87,9 @@ def main(sft_dir: str, steps: int = 20) -> dict[str, Any]:
             run_cfg, train_dataset=train, eval_dataset=held, tokenizer=tokenizer, rewards=[digit_reward]
         )
 
-    learning = trainer(**{"train.steps": steps, "train.log_every": 5, "train.eval_every": 5})
+    learning = trainer(  # completions logged: rows from what the host holds, no read of their own
+        **{"train.steps": steps, "train.log_every": 5, "train.eval_every": 5, "grpo.log_completions": True}
+    )
     before = float(learning.evaluate())
     grpo_start = time.perf_counter()
     learned = _figures(learning.fit())

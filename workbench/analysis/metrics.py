@@ -9,7 +9,7 @@ the keys in declaration order, read from the types, so no list of names is kept 
 from __future__ import annotations
 
 import math
-from typing import TypedDict, get_type_hints
+from typing import Any, TypedDict, get_type_hints
 
 
 def perplexity(loss: float | None) -> float | None:
@@ -105,7 +105,8 @@ class IntervalMetrics(TypedDict):
     off; TRL's k3 estimator) over the completion tokens; None when ``grpo.beta`` is 0 and outside GRPO."""
     eval_reward_mean: float | None
     """GRPO: mean total reward of greedy completions of the held-out prompts, scored by the run's
-    reward functions, when an eval ran in the interval; None otherwise."""
+    reward functions (``grpo.eval_reward_funcs`` when set), when an eval ran in the interval; the
+    completions no function scored left out, None when none was scored and when no eval ran."""
 
 
 class RunMetrics(IntervalMetrics):
@@ -129,17 +130,25 @@ class RunMetrics(IntervalMetrics):
     copy to the host only); None before the first save."""
     reward_mean: float | None
     """GRPO (``train.objective: grpo``): mean total reward (the weighted sum of the reward functions)
-    of the interval's sampled completions, averaged over its rollouts; None outside GRPO."""
+    of the interval's sampled completions. A completion no function scored (each returned None or NaN)
+    is left out, here, in ``eval_reward_mean`` and in ``eval --rewards`` alike (TRL's logged
+    ``reward``); None when the interval scored none (and outside GRPO): a run that scores nothing
+    for a whole interval stops."""
     reward_std: float | None
     """GRPO: the spread of the completions' total rewards within their group (a prompt's completions):
-    the mean over a rollout's groups of each group's standard deviation (TRL's ``reward_std``), averaged
-    over the interval's rollouts."""
+    the mean over a rollout's groups of each group's standard deviation (TRL's ``reward_std``; its
+    unscored completions left out, a group with fewer than two scored left out), averaged over the
+    interval's rollouts."""
     rewards: dict[str, float | None] | None
     """GRPO: each reward function's mean over the interval's completions, by its name (TRL's
     ``rewards/<name>/mean``; the dashboard's traces are named ``reward/<name>``); a function that
     skipped (None) every completion is None."""
     completion_length: float | None
     """GRPO: mean tokens per sampled completion (its ending token included) over the interval."""
+    clipped_ratio: float | None
+    """GRPO: share of the interval's completions cut at ``grpo.max_completion_length`` (still going
+    when the budget ran out; TRL's ``completions/clipped_ratio``). Above 0.5 the run says so and
+    names the key to raise: a cut completion's reward judges an unfinished answer."""
     zero_std_groups: float | None
     """GRPO: share of the interval's groups (a prompt's ``grpo.num_generations`` completions) whose
     rewards were all equal, so their advantages are 0 and they teach nothing (TRL's
@@ -156,6 +165,14 @@ class RunMetrics(IntervalMetrics):
     expected_transfers: int | None
     """GRPO: the interval's device-to-host reads made by design (each rollout's one read of its
     completions, each eval batch's); the profiler's host-transfer advice counts only the rest."""
+    completions: list[dict[str, Any]] | None
+    """GRPO with ``grpo.log_completions``: the interval's last rollout's completions (the first
+    ``grpo.num_completions_to_print``), one dict each: ``step``, ``group`` (the prompt's place in the
+    rollout), ``prompt`` (as the record gives it), ``completion`` (the decoded text), ``rewards`` (each
+    function's value, None where it skipped), ``reward`` (the weighted total, None when unscored),
+    ``advantage`` and ``clipped`` (cut at the budget); None otherwise. The host already holds them
+    (no extra read); the dashboard shows them as a table and the command line appends them to a
+    JSONL file."""
 
 
 INTERVAL_KEYS: tuple[str, ...] = tuple(get_type_hints(IntervalMetrics))
@@ -178,6 +195,7 @@ GRPO_KEYS: tuple[str, ...] = (
     "reward_std",
     "rewards",
     "completion_length",
+    "clipped_ratio",
     "clip_ratio",
     "kl",
     "zero_std_groups",
@@ -185,6 +203,7 @@ GRPO_KEYS: tuple[str, ...] = (
     "train_s",
     "rollout_tokens_per_s",
     "expected_transfers",
+    "completions",
     "eval_reward_mean",
 )
 """The keys only GRPO fills (None in any other run)."""

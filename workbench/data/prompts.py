@@ -226,13 +226,15 @@ def build_prompts(
     cache_dir: str | os.PathLike[str] | None = None,
     *,
     reward_names: Sequence[Any] | None = None,
+    records: Any = None,
 ) -> Any:
     """The tokenised prompt dataset of `cfg` (`load_prompts`, `tokenize_prompts`), for
     `workbench.data.records.build_datasets` and ``eval --rewards``. ``math-sample``'s questions are
     chat prompts when the tokenizer has a chat template, as its fine-tune renders them
     (`workbench.data.math_sample`). `reward_names` (default ``grpo.reward_funcs``): with
-    ``math_answer`` among them, records without an ``answer`` column get a notice."""
-    records = load_prompts(cfg.data, cache_dir)
+    ``math_answer`` among them, records without an ``answer`` column get a notice. `records`:
+    `load_prompts`' dataset when the caller read it already (before loading a model)."""
+    records = load_prompts(cfg.data, cache_dir) if records is None else records
     if reward_names is None:
         reward_names = getattr(getattr(cfg, "grpo", None), "reward_funcs", ())
     if "answer" not in records.column_names and "math_answer" in reward_names:

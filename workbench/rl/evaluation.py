@@ -6,7 +6,11 @@ once, greedy, through the rollout's sampler (`Rollouts.sample`: the same live mo
 and row count as the training rollouts, so its programs are few and warmed up with them), reads each
 batch's completions in one transfer and scores them with the run's `RewardSet`. The result is an
 `EvalLoss` (a float, as every eval here) whose value is the mean total reward, with ``stats``
-``reward_mean`` (the contract's ``eval_reward_mean``) and ``reward/<name>`` per function.
+``reward_mean`` (the contract's ``eval_reward_mean``) and ``reward/<name>`` per function. The
+functions are ``grpo.eval_reward_funcs`` when set (the eval rollouts' own `RewardSet`), so a run
+trained on format + answer can be judged on the answer alone. A completion no function scored
+(each returned None or NaN) is left out of the means, as in training and ``eval --rewards``; a mean
+of nothing is nan ("n/a").
 """
 
 from __future__ import annotations
@@ -36,15 +40,16 @@ def evaluate_rewards(rollouts: Any, batches: Iterable[dict], *, max_batches: int
             continue
         indices = host["index"].tolist()
         scores = rollouts.score([indices[r] for r in real], [token_ids[r] for r in real])
-        totals.append(np.nan_to_num(np.asarray(scores.total, dtype=np.float64), nan=0.0))
+        totals.append(np.asarray(scores.total, dtype=np.float64))  # nan: unscored, left out below
         tables.append(np.asarray(scores.table, dtype=np.float64))
     if not totals:
         raise ValueError("the eval split gave no prompt to complete")
     total, table = np.concatenate(totals), np.concatenate(tables)
-    mean = float(total.mean())
+    scored = total[~np.isnan(total)]
+    mean = float(scored.mean()) if scored.size else math.nan
     stats = {"reward_mean": mean}
     for j, name in enumerate(names):
         column = table[:, j]
-        scored = column[~np.isnan(column)]
-        stats[f"reward/{name}"] = float(scored.mean()) if scored.size else math.nan
+        values = column[~np.isnan(column)]
+        stats[f"reward/{name}"] = float(values.mean()) if values.size else math.nan
     return EvalLoss(mean, stats)

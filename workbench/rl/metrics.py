@@ -2,8 +2,11 @@
 
 Each rollout, after its one read of the completions, sums up what the host already holds as a
 `RolloutFigures` (`rollout_figures`: the rewards' mean and within-group spread, each reward
-function's mean, completion lengths, the share of groups without signal, the rollout's seconds);
-nothing here reads the device. `RolloutLog` keeps an interval's rollouts and its training steps'
+function's mean, completion lengths, the share cut at the budget, the share of groups without
+signal, the rollout's seconds, and with ``grpo.log_completions`` its completions as rows,
+`workbench.rl.completions`); nothing here reads the device. A completion no reward function scored
+(every one returned None or NaN) is left out of every reward figure, as TRL leaves it out; a figure
+with nothing scored is None ("n/a"), never 0. `RolloutLog` keeps an interval's rollouts and its training steps'
 seconds, and at a log step `RolloutLog.take` (`rollout_metrics`) turns them into the contract's
 keys (`workbench.analysis.metrics.ROLLOUT_KEYS`), for the trainer to merge into the interval's
 `RunMetrics`: the rewards and lengths averaged over the interval's rollouts, ``rollout_s`` and
@@ -30,10 +33,10 @@ class RolloutFigures:
     """One rollout's host figures (every completion of its prompts)."""
 
     reward_mean: float
-    """Mean total reward of the rollout's completions."""
+    """Mean total reward of the rollout's scored completions (nan when none was scored)."""
     reward_std: float
     """Mean over its groups of the standard deviation (unbiased, as torch's ``std``) of a group's
-    total rewards: TRL's ``reward_std``."""
+    total rewards, its unscored completions left out (nan when no group has two scored)."""
     rewards: Mapping[str, float]
     """Each reward function's mean over the completions it scored (nan where it skipped them all)."""
     completions: int
@@ -44,6 +47,12 @@ class RolloutFigures:
     """Share of the rollout's groups whose rewards were all equal."""
     seconds: float
     """Wall-clock seconds the rollout took (sampling, the read, rewards, advantages, the write)."""
+    scored: int = 0
+    """Completions some reward function scored (a total reward that is not nan)."""
+    clipped: int = 0
+    """Completions cut at ``grpo.max_completion_length`` (still going when the budget ran out)."""
+    sample: tuple[dict[str, Any], ...] = ()
+    """With ``grpo.log_completions``: the completions kept as rows (`workbench.rl.completions`)."""
 
 
 def rollout_figures(
@@ -54,26 +63,38 @@ def rollout_figures(
     num_generations: int,
     zero_std_groups: float,
     seconds: float,
+    finished: Sequence[bool] | np.ndarray | None = None,
+    sample: Sequence[dict[str, Any]] = (),
 ) -> RolloutFigures:
     """A rollout's `RolloutFigures` from what the host holds after scoring it: the total reward of each
-    completion (in prompt order, a prompt's `num_generations` completions together), each reward
-    function's mean (`workbench.rl.rewards.RewardScores.per_function`), each completion's length in
-    tokens, the share of zero-std groups (`workbench.rl.advantages.group_advantages`) and the seconds."""
+    completion (in prompt order, a prompt's `num_generations` completions together; nan where no
+    function scored it), each reward function's mean (`workbench.rl.rewards.RewardScores.per_function`),
+    each completion's length in tokens, the share of zero-std groups
+    (`workbench.rl.advantages.group_advantages`), the seconds, whether each completion ended before the
+    budget (`finished`; None: all did) and the completions kept as rows (`sample`)."""
     rewards = np.asarray(total_rewards, dtype=np.float64)
     if rewards.size == 0 or rewards.size % num_generations:
         raise ValueError(
             f"total_rewards has {rewards.size} values: expected a positive multiple of "
             f"num_generations={num_generations} (each prompt's completions together)"
         )
-    groups = rewards.reshape(-1, num_generations)
+    scored = ~np.isnan(rewards)
+    groups, counted = rewards.reshape(-1, num_generations), scored.reshape(-1, num_generations)
+    spreads = [
+        float(np.std(group[ok], ddof=1)) for group, ok in zip(groups, counted, strict=True) if ok.sum() >= 2
+    ]
+    ended = np.ones(rewards.size, dtype=bool) if finished is None else np.asarray(finished, dtype=bool)
     return RolloutFigures(
-        reward_mean=float(rewards.mean()),
-        reward_std=float(groups.std(axis=1, ddof=1).mean()),
+        reward_mean=float(rewards[scored].mean()) if scored.any() else math.nan,
+        reward_std=float(np.mean(spreads)) if spreads else math.nan,
         rewards={name: float(value) for name, value in per_function.items()},
         completions=int(rewards.size),
         completion_tokens=int(np.sum(completion_lengths)),
         zero_std_groups=float(zero_std_groups),
         seconds=float(seconds),
+        scored=int(scored.sum()),
+        clipped=int((~ended).sum()),
+        sample=tuple(sample),
     )
 
 
@@ -83,10 +104,13 @@ def rollout_metrics(
     """The contract's rollout keys (`ROLLOUT_KEYS`) for a log interval of `steps` optimizer steps that
     ran `rollouts` and spent `train_seconds` in its training steps (outside the rollouts).
 
-    Rewards, per-function rewards, zero-std groups and completion length are means over the interval's
+    ``reward_mean`` is the mean over the interval's scored completions (None when none was scored);
+    the reward's spread, per-function rewards and zero-std groups are means over the interval's
     rollouts (a function's mean over those where it scored something; None where it scored nothing);
-    ``rollout_s`` and ``train_s`` are seconds per step; ``rollout_tokens_per_s`` is the completion
-    tokens over the rollouts' seconds. An interval without a rollout has None for the figures of one.
+    ``completion_length`` and ``clipped_ratio`` are over its completions; ``rollout_s`` and
+    ``train_s`` are seconds per step; ``rollout_tokens_per_s`` is the completion tokens over the
+    rollouts' seconds; ``completions`` the last rollout's rows kept (None when none were). An
+    interval without a rollout has None for the figures of one.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} is not allowed: an int >= 1 (the interval's optimizer steps)")
@@ -97,13 +121,16 @@ def rollout_metrics(
         return figures
     names = list(dict.fromkeys(name for r in rollouts for name in r.rewards))
     tokens = sum(r.completion_tokens for r in rollouts)
+    completions, scored = sum(r.completions for r in rollouts), sum(r.scored for r in rollouts)
     figures.update(
-        reward_mean=_mean(r.reward_mean for r in rollouts),
+        reward_mean=sum(r.reward_mean * r.scored for r in rollouts if r.scored) / scored if scored else None,
         reward_std=_mean(r.reward_std for r in rollouts),
         rewards={name: _mean(r.rewards.get(name, math.nan) for r in rollouts) for name in names},
-        completion_length=tokens / max(1, sum(r.completions for r in rollouts)),
+        completion_length=tokens / max(1, completions),
+        clipped_ratio=sum(r.clipped for r in rollouts) / max(1, completions),
         zero_std_groups=_mean(r.zero_std_groups for r in rollouts),
         rollout_tokens_per_s=tokens / rollout_seconds if rollout_seconds > 0 else None,
+        completions=list(rollouts[-1].sample) or None,
     )
     return figures
 

@@ -28,11 +28,14 @@ that completion: it counts in neither the total nor the function's mean.
 path; a bad one is a one-line `ConfigError` naming it and what is allowed), or a callable.
 
 **Scoring** (`RewardSet.score`), TRL 1.16's ``_calculate_rewards`` and its sum: each function's
-values (None -> nan) form a ``[N, functions]`` table; a completion's total is the nansum of its
-weighted values, and nan where every function returned None (TRL's "unscorable" rows, which its
-advantages leave out of the group's mean and std and give 0). A function that raises, or returns
-the wrong number of values (or a value that is not a number), raises `RewardError` naming the
-function and the prompt it failed on.
+values (None or NaN -> nan) form a ``[N, functions]`` table; a completion's total is the nansum of
+its weighted values, and nan where every function returned None (TRL's "unscorable" rows, which its
+advantages leave out of the group's mean and std and give 0, and every reward mean leaves out).
+Values are what TRL's ``torch.tensor(values)`` takes: a list (or tuple, or a 1-D tensor or array)
+of numbers, bools, None, or one-element tensors and arrays. A function that raises, returns
+something else (a string, None, a dict, one number), the wrong number of values, or a value that is
+not a number raises `RewardError`: one line naming the function, what it returned or raised (with
+the line of the user's own code that raised, ``file:line``) and the prompt it failed on.
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ from __future__ import annotations
 import difflib
 import importlib
 import math
+import os
 import re
+import sysconfig
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +55,7 @@ import numpy as np
 
 from workbench.config_parse import ConfigError
 from workbench.data.answers import extract_answer, final_answer, normalize_answer
-from workbench.rl.settings import GSM8K_FORMAT, GRPOConfig
+from workbench.rl.settings import BUILTIN_REWARD_NAMES, GSM8K_FORMAT, GRPOConfig
 
 RewardFunc = Callable[..., Sequence[Any]]
 """TRL's reward-function signature: ``fn(prompts, completions, **columns) -> list[float | None]``."""
@@ -122,6 +128,7 @@ BUILTIN_REWARDS: dict[str, Callable[[GRPOConfig], RewardFunc]] = {
     "length": lambda grpo: length_reward(int(grpo.length_target)),
 }
 """The built-in rewards by name, each made from the ``grpo`` section (its pattern, its target)."""
+assert tuple(BUILTIN_REWARDS) == BUILTIN_REWARD_NAMES  # the names the config checks are these
 
 
 # ---- specs ------------------------------------------------------------------------------------
@@ -207,6 +214,15 @@ def resolve_reward_funcs(
     return out
 
 
+def check_reward_specs(grpo: GRPOConfig) -> None:
+    """Resolve ``grpo.reward_funcs`` and ``grpo.eval_reward_funcs`` (imports ``module:function``
+    specs), so a spec that names no function is a `ConfigError` before data or a model load (``train``
+    calls it with the config; the config's own validation checks the built-in names, importing nothing)."""
+    resolve_reward_funcs(grpo.reward_funcs, grpo)
+    if grpo.eval_reward_funcs is not None:
+        resolve_reward_funcs(grpo.eval_reward_funcs, grpo, field="grpo.eval_reward_funcs")
+
+
 # ---- scoring ----------------------------------------------------------------------------------
 
 
@@ -237,15 +253,82 @@ def _shown(prompt: Any, limit: int = 160) -> str:
 
 
 def _value(value: Any) -> float | None:
-    """A reward as a float (None stays None); ValueError for what is not a finite number or nan."""
+    """A reward as a float (None stays None; NaN scores nothing, as None); a one-element tensor or
+    array is its number, as TRL's ``torch.tensor(values)`` reads it. ValueError for what is not a
+    number, or is infinite."""
     if value is None:
         return None
+    if _is_array(value):
+        if _size(value) != 1:
+            raise ValueError(f"a {type(value).__name__} of {_size(value)} values")
+        value = value.item()
     if isinstance(value, (str, bytes)) or not isinstance(value, (int, float, np.number, np.bool_)):
         raise ValueError(f"{type(value).__name__} {str(value)[:40]!r}")
     number = float(value)
     if math.isinf(number):
         raise ValueError(repr(number))
     return number
+
+
+def _is_array(value: Any) -> bool:
+    """A torch tensor or a numpy array (what a reward function may hand back as TRL accepts it)."""
+    return isinstance(value, np.ndarray) or type(value).__module__.startswith("torch")
+
+
+def _size(value: Any) -> int:
+    return int(value.numel()) if hasattr(value, "numel") else int(value.size)
+
+
+def _returned(value: Any) -> str:
+    """What a function returned, for an error line: its type and a glimpse of it."""
+    if value is None:
+        return "None"
+    if _is_array(value):
+        shape = tuple(value.shape)
+        return f"a {type(value).__name__} of shape {shape}" if shape else f"a 0-d {type(value).__name__}"
+    text = repr(value)
+    return f"a {type(value).__name__} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def _as_values(returned: Any) -> list[Any] | None:
+    """A function's return as one entry per completion: a list, tuple, generator, or a tensor or array
+    of one dimension (its rows). None for what is not a sequence of values (None, a string, a mapping,
+    a single number, a 0-d tensor)."""
+    if returned is None or isinstance(returned, (str, bytes, Mapping)):
+        return None
+    if _is_array(returned):
+        return list(returned) if len(returned.shape) >= 1 else None
+    try:
+        return list(returned)
+    except TypeError:  # not iterable: one number, an object
+        return None
+
+
+_LIBRARY_ROOTS = tuple(
+    {
+        os.path.realpath(p)
+        for k in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (p := sysconfig.get_paths().get(k))
+    }
+)
+
+
+def _user_frame(err: BaseException) -> str:
+    """Where `err` was raised in the user's own code: ``file:line in function`` of the innermost frame
+    below the reward call that is not Python's or an installed library's (else the reward function's
+    own frame); the file relative to the working directory when under it."""
+    frames = traceback.extract_tb(err.__traceback__)[1:]  # [0] is RewardSet._call's
+    if not frames:
+        return ""
+    own = [f for f in frames if not os.path.realpath(f.filename).startswith(_LIBRARY_ROOTS)]
+    frame = (own or frames[:1])[-1]
+    path = frame.filename
+    try:
+        relative = os.path.relpath(path)
+        path = relative if not relative.startswith("..") else path
+    except ValueError:  # another drive (Windows)
+        pass
+    return f" at {path}:{frame.lineno} in {frame.name}"
 
 
 @dataclass(frozen=True)
@@ -309,7 +392,16 @@ class RewardSet:
         kwargs = dict(columns or {})
         table = np.full((count, len(self.functions)), np.nan, dtype=np.float32)
         for j, reward in enumerate(self.functions):
-            values = self._call(reward, prompts, completions, kwargs)
+            returned = self._call(reward, prompts, completions, kwargs)
+            values = _as_values(returned)
+            if values is None:
+                raise RewardError(
+                    f"reward function {reward.name!r} returned {_returned(returned)}, not a list of "
+                    f"{count} rewards (one number per completion, None to skip one); the first prompt: "
+                    f"{_shown(prompts[0]) if prompts else 'none'}",
+                    function=reward.name,
+                    prompt=prompts[0] if prompts else None,
+                )
             if len(values) != count:
                 raise RewardError(
                     f"reward function {reward.name!r} returned {len(values)} values for {count} completions "
@@ -339,16 +431,19 @@ class RewardSet:
         return RewardScores(total=total, per_function=per_function, table=table)
 
     @staticmethod
-    def _call(reward: NamedReward, prompts: list, completions: list, kwargs: dict[str, Any]) -> list:
-        """The function's values; `RewardError` naming it and the prompt it failed on when it raises."""
+    def _call(reward: NamedReward, prompts: list, completions: list, kwargs: dict[str, Any]) -> Any:
+        """What the function returned; `RewardError` naming it, the line of the user's code that raised
+        and the prompt it failed on when it raises (the user's error is its ``__cause__``)."""
         try:
-            return list(reward.function(prompts=prompts, completions=completions, **kwargs))
+            return reward.function(prompts=prompts, completions=completions, **kwargs)
         except Exception as err:
             failing = _first_failing_row(reward.function, prompts, completions, kwargs)
             where = "its prompt" if failing is not None else "the batch's first prompt"
             row = failing if failing is not None else 0
+            said = " ".join(str(err).split())
             raise RewardError(
-                f"reward function {reward.name!r} raised {type(err).__name__}: {err} on completion {row + 1} "
+                f"reward function {reward.name!r} raised {type(err).__name__}"
+                f"{': ' + said if said else ''}{_user_frame(err)}, on completion {row + 1} "
                 f"of {len(prompts)}; {where}: {_shown(prompts[row]) if prompts else 'none'}",
                 function=reward.name,
                 prompt=prompts[row] if prompts else None,

@@ -36,6 +36,7 @@ import torch
 from workbench.backend.protocol import Backend
 from workbench.backend.xla import runtime
 from workbench.generate import RowSharding
+from workbench.rl.completions import rollout_sample
 from workbench.rl.metrics import RolloutFigures, RolloutLog, rollout_figures
 from workbench.train.stream import BatchInfo, HostStream
 
@@ -153,23 +154,27 @@ class Rollouts:
         input_ids = host["input_ids"].repeat_interleave(generations, dim=0)
         attention_mask = host["attention_mask"].repeat_interleave(generations, dim=0)
         rollout = self.sample(input_ids, attention_mask, seed, greedy=False)
-        token_ids, _ = self.completions(rollout)
-        rows = len(token_ids)
+        token_ids, finished = self.completions(rollout)
+        rows, sample = len(token_ids), ()
         if score:
-            scores = self.score(host["index"].repeat_interleave(generations).tolist(), token_ids)
+            indices = host["index"].repeat_interleave(generations).tolist()
+            scores = self.score(indices, token_ids)
             total, per_function = np.asarray(scores.total, dtype=np.float32), dict(scores.per_function)
             advantages, zero_std = group_advantages(total, generations, self.grpo.scale_rewards)
+            sample = rollout_sample(self, indices, token_ids, scores, advantages, finished)  # log_completions
         else:
             total, per_function = np.zeros(rows, np.float32), {}
             advantages, zero_std = np.zeros(rows, np.float32), 1.0
         batch = self.training_batch(rollout, np.asarray(advantages, dtype=np.float32))
         figures = rollout_figures(
-            np.nan_to_num(total, nan=0.0),  # a completion no function scored counts as 0, as TRL's nansum
+            total,  # nan where no function scored: left out of the reward figures, as TRL leaves it out
             per_function,
             [len(ids) for ids in token_ids],
             num_generations=generations,
             zero_std_groups=zero_std,
             seconds=time.perf_counter() - start,
+            finished=finished,
+            sample=sample,
         )
         return batch, figures
 

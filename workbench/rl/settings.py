@@ -13,15 +13,20 @@ key, the value and what is allowed (`workbench.config_parse.require`).
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from workbench.config_parse import require
+from workbench.config_parse import ConfigError, require
 
 if TYPE_CHECKING:
     from workbench.config import WorkbenchConfig
+
+BUILTIN_REWARD_NAMES = ("math_answer", "format", "length")
+"""The built-in reward functions' names (`workbench.rl.rewards.BUILTIN_REWARDS` makes each), checked with
+the config; 'module:function' specs are imported when a run starts (`workbench.rl.rewards.check_reward_specs`)."""
 
 GSM8K_FORMAT = r"(?s).*####\s*-?[0-9][0-9,]*(\.[0-9]+)?\s*"
 """The default of `GRPOConfig.format_pattern`: the whole completion ends with GSM8K's ``#### N``."""
@@ -33,8 +38,8 @@ _REWARD_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[A-Za-z_][A-Za-z0-9_.]*:[A-Za
 class GRPOConfig:
     num_generations: int = 8
     """G: completions sampled per prompt (a group), >= 2; advantages compare a completion with its group. A step trains on `train.batch_size` prompts x G rows."""
-    max_completion_length: int = 512
-    """Most tokens generated per completion (the rollout's decode steps); a completion still going at this length is truncated."""
+    max_completion_length: int = 256
+    """Most tokens generated per completion (the rollout's decode steps); a completion still going at this length is truncated (the share cut is the metric clipped_ratio). 256 (TRL 1.x says 512) so that the defaults run: the default 256-token prompts (data.max_length) plus 256 fill the default model's 512 positions; a real checkpoint's reasoning usually wants more: set it per run."""
     temperature: float = 1.0
     """Sampling temperature of the rollouts, > 0; the loss divides the policy's logits by it too, as TRL does, so its log-probs are the sampler's."""
     top_p: float = 1.0
@@ -63,6 +68,12 @@ class GRPOConfig:
     """The 'format' reward's regular expression (Python re, matched against the whole completion): 1.0 when it matches, else 0.0. The default asks for a completion that ends with GSM8K's '#### N'."""
     length_target: int = 256
     """The 'length' reward's target: completions of this many tokens get 0, longer or shorter ones a penalty growing with the distance."""
+    eval_reward_funcs: list[str] | None = None
+    """Reward functions of the held-out eval (train.eval_every), by name as reward_funcs, each weighted 1.0; null: the run's own (reward_funcs with reward_weights). A run trained on format + answer is judged on the answer alone with [math_answer]."""
+    log_completions: bool = False
+    """At each log step, keep the latest rollout's completions with their prompts, each reward function's value, the total and the advantage: a 'completions' list in the metrics (the dashboard's table) and, from the command line, a JSONL file beside --metrics-out (or in train.checkpoint_dir). TRL's name."""
+    num_completions_to_print: int | None = None
+    """With log_completions: how many of the latest rollout's completions each log step keeps (the first ones, a group's together); null keeps all of them. TRL's name."""
 
 
 def validate_grpo(obj: GRPOConfig, p: str) -> None:
@@ -100,6 +111,22 @@ def validate_grpo(obj: GRPOConfig, p: str) -> None:
         "every weight must be a finite number",
     )
     require(
+        obj.eval_reward_funcs is None
+        or (
+            bool(obj.eval_reward_funcs)
+            and all(_REWARD_SPEC.fullmatch(s.strip()) for s in obj.eval_reward_funcs)
+        ),
+        f"{p}eval_reward_funcs",
+        obj.eval_reward_funcs,
+        "null (the run's own reward functions) or a non-empty list of reward names or 'module:function' entries",
+    )
+    require(
+        obj.num_completions_to_print is None or obj.num_completions_to_print >= 1,
+        f"{p}num_completions_to_print",
+        obj.num_completions_to_print,
+        "must be >= 1 or null (every completion of the latest rollout)",
+    )
+    require(
         _compiles(obj.format_pattern),
         f"{p}format_pattern",
         obj.format_pattern,
@@ -126,14 +153,24 @@ def validate_grpo_run(cfg: WorkbenchConfig) -> None:
         "must be false under train.objective=grpo: each prompt + completion is a row of its own",
     )
     longest = cfg.data.max_length + grpo.max_completion_length
-    require(
-        longest <= cfg.model.max_position_embeddings or cfg.model.pretrained_path is not None,
-        "grpo.max_completion_length",
-        grpo.max_completion_length,
-        f"plus data.max_length (the longest prompt) must be <= model.max_position_embeddings="
-        f"{cfg.model.max_position_embeddings} (a prompt and its completion are one sequence): lower one of "
-        "them or raise model.max_position_embeddings",
-    )
+    positions = cfg.model.max_position_embeddings
+    if longest > positions and cfg.model.pretrained_path is None:  # a checkpoint's positions are its own
+        raise ConfigError(
+            f"grpo.max_completion_length={grpo.max_completion_length} + data.max_length={cfg.data.max_length} "
+            f"(the longest prompt) = {longest} > model.max_position_embeddings={positions}: a prompt and its "
+            "completion are one sequence; lower one of them or raise model.max_position_embeddings"
+        )
+    for key in ("reward_funcs", "eval_reward_funcs"):  # a misspelt built-in, found with the config
+        for spec in getattr(grpo, key) or ():
+            name = spec.strip()
+            if ":" not in name and name not in BUILTIN_REWARD_NAMES:
+                close = difflib.get_close_matches(name, BUILTIN_REWARD_NAMES, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(
+                    f"grpo.{key}: {name!r} is not a reward function{hint}; the built-ins are "
+                    f"{', '.join(BUILTIN_REWARD_NAMES)}, or give 'module:function' (a function importable "
+                    "from Python's path, with TRL's signature fn(prompts, completions, **columns))"
+                )
 
 
 def _compiles(pattern: str) -> bool:

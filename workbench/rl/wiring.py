@@ -7,7 +7,11 @@ and returns the `GRPOObjective`. `RolloutData` is the same data with prompt batc
 training rows: its ``stream`` is a `RolloutStream` (the trainer's ``next() -> (batch, BatchInfo)``),
 its loaders batch prompts (`workbench.rl.prompt_loader`), and it holds the run's `RolloutLog` (the
 rollouts' figures for `grpo_run_metrics`) and the held-out eval (`evaluate`: greedy completions
-scored by the rewards). `warm_up_grpo` compiles every prompt bucket's rollout and training programs,
+scored by the rewards, ``grpo.eval_reward_funcs`` when set). At each log step the interval's traps
+are said (`workbench.rl.traps`: completions cut at the budget, groups without signal, a function
+that scored nothing), the kept completions get their step (``grpo.log_completions``), and an
+interval that scored nothing stops the run (`NothingScoredError`, raised by the run's last callback,
+`stop_when_nothing_scored`, once the others have the interval's metrics). `warm_up_grpo` compiles every prompt bucket's rollout and training programs,
 and the eval's, through the same code path, then restores the state as `workbench.train.warmup` does.
 
 Prompt batches: ``train.batch_size`` prompts, each sampled ``grpo.num_generations`` times, so a step
@@ -18,6 +22,8 @@ completed once: the same rows, so the eval's programs differ from the rollout's 
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +34,7 @@ from workbench.data.loader import synthetic_batch
 from workbench.rl.metrics import RolloutLog
 from workbench.rl.prompt_loader import PromptColumns, prompt_loader
 from workbench.rl.rollout import Rollouts, RolloutStream, row_sharding
+from workbench.rl.traps import NothingScoredError, TrapNotices, interval_traps, nothing_scored
 from workbench.train.step import EvalLoss
 from workbench.train.stream import HostStream, TrainingData
 
@@ -40,7 +47,13 @@ class RolloutData(TrainingData):
     rollouts' figures and the held-out eval by reward. Built from the run's `TrainingData`."""
 
     def __init__(
-        self, data: TrainingData, model: torch.nn.Module, tokenizer: Any, rewards: Any, mesh: Any
+        self,
+        data: TrainingData,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        rewards: Any,
+        mesh: Any,
+        eval_rewards: Any = None,
     ) -> None:
         self.__dict__.update(vars(data))
         grpo = self.cfg.grpo
@@ -55,8 +68,13 @@ class RolloutData(TrainingData):
         self.eval_rollouts = None
         if self.eval_dataset is not None:
             columns = PromptColumns(self.eval_dataset, tokenizer)
-            self.eval_rollouts = Rollouts(model, tokenizer, grpo, rewards, columns, **common)
+            scoring = eval_rewards if eval_rewards is not None else rewards  # grpo.eval_reward_funcs
+            self.eval_rollouts = Rollouts(model, tokenizer, grpo, scoring, columns, **common)
         self.current: RolloutStream | None = None
+        self.traps = TrapNotices(_repeat_notice, _repeat_notice)
+        """Says the traps of each log interval (`grpo_objective` routes the first of each kind to the run's notices)."""
+        self.stop_reason: str | None = None
+        """The line that stops the run after this log step's callbacks (`workbench.rl.traps.nothing_scored`)."""
 
     def take_reads(self) -> int:
         """The rollouts' and evals' reads of completions since the last call (one per rollout or eval batch)."""
@@ -136,7 +154,14 @@ def grpo_objective(trainer: Any) -> torch.nn.Module:
         rewards = RewardSet(resolve_reward_funcs(given, grpo), grpo.reward_weights)
     else:
         rewards = RewardSet.from_config(grpo)
-    data = RolloutData(trainer.data, trainer.model, trainer.tokenizer, rewards, trainer.mesh)
+    eval_rewards = None  # the run's own, unless grpo.eval_reward_funcs names others (each weighing 1.0)
+    if grpo.eval_reward_funcs is not None:
+        eval_rewards = RewardSet(
+            resolve_reward_funcs(grpo.eval_reward_funcs, grpo, field="grpo.eval_reward_funcs")
+        )
+    data = RolloutData(trainer.data, trainer.model, trainer.tokenizer, rewards, trainer.mesh, eval_rewards)
+    data.traps = TrapNotices(trainer._notice, _repeat_notice)
+    trainer.callbacks.append(stop_when_nothing_scored(data))  # after the user's: they see the interval
     if trainer.backend.compiles_every_shape and cfg.bucketing.max_buckets == "auto":
         data.cfg = data.cfg.with_overrides({"bucketing.max_buckets": AUTO_PROMPT_BUCKETS})
         trainer._notice(
@@ -146,6 +171,22 @@ def grpo_objective(trainer: Any) -> torch.nn.Module:
     trainer.data = data
     trainer.budget.expect_rollouts(grpo.num_iterations)  # train.time_limit plans a step with its rollout
     return GRPOObjective(grpo).to(trainer.device)
+
+
+def _repeat_notice(message: str) -> None:
+    """A trap seen before in the run: its notice line again, not again in the summary."""
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def stop_when_nothing_scored(data: RolloutData) -> Any:
+    """The run's last callback: raises `NothingScoredError` when the interval just reported scored nothing."""
+
+    def check(metrics: Any) -> None:
+        reason, data.stop_reason = data.stop_reason, None
+        if reason is not None:
+            raise NothingScoredError(reason)
+
+    return check
 
 
 def check_grpo_run(trainer: Any) -> None:
@@ -183,17 +224,24 @@ def grpo_run_metrics(trainer: Any, interval: Any) -> dict[str, Any]:
     steps = max(1, int(interval.get("steps_in_interval") or 1))
     figures = data.log.take(steps)
     figures["expected_transfers"] = data.take_reads()
+    step = int(interval["step"])
+    if figures.get("completions"):  # grpo.log_completions: the rows of the interval's last rollout
+        figures["completions"] = [{"step": step, **row} for row in figures["completions"]]
+    data.traps.say(interval_traps(figures, trainer.cfg.grpo, step))
+    data.stop_reason = nothing_scored(figures, data.rollouts.rewards.names, step)
     # a rollout runs inside the stream's next(): its seconds are the step's work, not a wait on input
     waited = float(interval.get("input_wait_s") or 0.0)
     input_wait = max(0.0, waited - figures["rollout_s"] * steps)
     share = float(interval.get("input_wait_fraction") or 0.0) * (input_wait / waited) if waited > 0 else 0.0
     # the eval's figure is its reward (eval_reward_mean), not a loss
+    eval_reward = interval.get("eval_reward_mean")  # nan: the eval scored nothing (n/a)
     return {
         **figures,
         "input_wait_s": input_wait,
         "input_wait_fraction": share,
         "eval_loss": None,
         "eval_perplexity": None,
+        "eval_reward_mean": eval_reward if eval_reward is None or math.isfinite(eval_reward) else None,
     }
 
 
