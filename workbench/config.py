@@ -47,7 +47,7 @@ class ModelConfig:
     family: ModelFamily = "llama"
     """Architecture family in `transformers` used to build the model from this config (see `workbench.models.families`)."""
     pretrained_path: str | None = None
-    """Local directory for `from_pretrained(dir)`; when set, the size fields below are ignored."""
+    """Model directory for `from_pretrained(dir)` (a transformers checkpoint, a LoRA adapter or a training checkpoint) or a Hub id ('org/name' or 'org/name@revision': its weights, config and tokenizer, through the local Hub cache; a local directory of that name wins); when set, the size fields below are ignored."""
     hidden_size: int = 64
     """Width of the residual stream."""
     num_layers: int = 2
@@ -92,7 +92,11 @@ COLUMN_KEYS = (
 @dataclass
 class DataConfig:
     source: str = "embedded"
-    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records), 'preference-sample' (the shipped prompt/chosen/rejected pairs, for `train.objective: dpo`), 'math-sample' (arithmetic word problems with answers, made deterministically: prompts for `train.objective: grpo`, question/solution chat records otherwise), a local file or directory of files, or a directory written by `datasets`' save_to_disk (a DatasetDict gives its 'train' split, or its only one)."""
+    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records), 'preference-sample' (the shipped prompt/chosen/rejected pairs, for `train.objective: dpo`), 'math-sample' (arithmetic word problems with answers, made deterministically: prompts for `train.objective: grpo`, question/solution chat records otherwise), a local file or directory of files, a directory written by `datasets`' save_to_disk (a DatasetDict gives its `split`, or its only one), or a Hub dataset id ('org/name' or 'org/name@revision'; its data files for `subset` and `split`, read by the same loaders; a local path of that name wins)."""
+    subset: str | None = None
+    """A Hub dataset's subset: its config name (e.g. 'main' for openai/gsm8k); None takes the repo's default or only one. Read only when `source` is a Hub id."""
+    split: str = "train"
+    """The split to read from a Hub dataset or a save_to_disk DatasetDict ('train', 'validation', 'test' or the repo's own name); the eval part is still `eval_fraction` of it."""
     format: Literal["auto", "text", "messages", "prompt_response", "alpaca", "sharegpt"] = "auto"
     """Record format: 'messages' (lists of {role, content}); 'sharegpt' (conversations: lists of {from, value}, from in human/user, gpt/assistant/model, system); 'alpaca' (instruction, optional input, output, optional system; the user turn is instruction + blank line + input when input is not empty); 'prompt_response' (prompt, response, optional system; other columns such as scores are kept for `filter`); 'text' (the `text_field` column). 'auto' takes the first that fits, in that order, and says which. Under `train.objective: dpo` records are pairs (prompt/chosen/rejected, chosen/rejected conversations, or scored responses with `pair_by`) and this field is not read. Configs written before `file_type` existed set a file type here: jsonl/json/csv/parquet move to `file_type`, and 'text' (now plain-text records) still reads a file of unknown extension as lines of text."""
     file_type: Literal["auto", "jsonl", "json", "csv", "parquet", "text"] = "auto"
@@ -106,7 +110,7 @@ class DataConfig:
     chat: bool = False
     """Insist on chat records: under format 'auto' only the chat formats are tried (an error when none fits). Chat formats train as chat either way: labels only on the assistant's turns."""
     tokenizer_path: str | None = None
-    """Local tokenizer directory for `AutoTokenizer.from_pretrained`; None takes the tokenizer beside `model.pretrained_path` when that is set, else trains one on the corpus."""
+    """Local tokenizer directory (or a Hub id: the repo's tokenizer files) for `AutoTokenizer.from_pretrained`; None takes the tokenizer beside `model.pretrained_path` when that is set, else trains one on the corpus."""
     tokenizer_vocab_size: int = 512
     """Vocabulary size of the locally trained tokenizer."""
     max_length: int = 256
@@ -385,6 +389,7 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.format,
             "chat=True needs a chat format: auto, messages, prompt_response, alpaca or sharegpt",
         )
+        require(bool(obj.split.strip()), f"{p}split", obj.split, "a split name such as 'train' or 'test'")
         _validate_columns(obj, p)
         conditions = [obj.filter] if isinstance(obj.filter, str) else obj.filter
         require(
