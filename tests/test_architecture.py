@@ -15,7 +15,10 @@ PACKAGES = ("workbench", "widgets")
 # under `if TYPE_CHECKING:`, are free). Lower layers never import higher ones.
 ALLOWED = {
     "units": set(),
-    "model_dirs": set(),
+    # the Hub (ids, tokens, downloads, cards, pushes) and GGUF writing: rooms that import nothing of the rest
+    "hub": set(),
+    "gguf": set(),
+    "model_dirs": {"hub"},
     "config_parse": set(),
     "config_checks": {"config_parse"},
     # rl.settings: the grpo section; config_checks: the checks across sections
@@ -29,16 +32,17 @@ ALLOWED = {
         "rl.settings",
     },  # the config layer's own
     "backend": {"units", "config"},
-    "models": {"units", "config", "backend"},
+    "models": {"units", "config", "backend", "hub"},
     # sampling: the decoder and its controls sit beside generate, on the runtime alone
     "generation_controls": set(),
     "decoding": {"backend", "generation_controls"},
     "generate": {"backend", "decoding", "generation_controls"},
     "parallel": {"units", "config", "backend", "models"},
-    "data": {"units", "model_dirs", "config", "backend"},
+    "data": {"units", "model_dirs", "config", "backend", "hub"},
     "analysis": {"units", "config", "backend", "models", "parallel"},
     "train": {
         "units",
+        "hub",
         "model_dirs",
         "config",
         "backend",
