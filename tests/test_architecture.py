@@ -18,6 +18,7 @@ ALLOWED = {
     # the Hub (ids, tokens, downloads, cards, pushes) and GGUF writing: rooms that import nothing of the rest
     "hub": set(),
     "gguf": set(),
+    "trackers": set(),  # train.report_to: takes the config and the metrics dict as plain values
     "model_dirs": {"hub"},
     "config_parse": set(),
     "config_checks": {"config_parse"},
@@ -43,6 +44,7 @@ ALLOWED = {
     "train": {
         "units",
         "hub",
+        "trackers",
         "model_dirs",
         "config",
         "backend",

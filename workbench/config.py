@@ -24,7 +24,12 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from workbench.config_checks import REFERENCE_FREE_LOSSES, validate_run  # noqa: F401 (the first: public here)
+from workbench.config_checks import (  # noqa: F401 (REFERENCE_FREE_LOSSES, REPORT_TO: public here)
+    REFERENCE_FREE_LOSSES,
+    REPORT_TO,
+    validate_report_to,
+    validate_run,
+)
 from workbench.config_parse import (
     ConfigError,
     build_section,
@@ -231,6 +236,12 @@ class TrainConfig:
     """Resume from the latest complete checkpoint in `checkpoint_dir` when there is one."""
     progress_bar: bool = True
     """Show a tqdm progress bar (updated only at log intervals; it never forces a device sync)."""
+    report_to: str | list[str] = "none"
+    """Trackers that get every log interval besides the dashboard: 'none', 'tensorboard', 'trackio', 'wandb', or a list of them (transformers' names); each an optional extra (pip install 'xla-workbench[tensorboard]', ...). W&B never prompts: without a key it logs offline and says where its files are."""
+    run_name: str | None = None
+    """The run's name in the trackers (None: the objective and the start time, e.g. 'sft-20261128-143005')."""
+    logging_dir: str = "runs"
+    """Where TensorBoard's event files (logging_dir/run_name) and W&B's runs go; trackio keeps its own store (TRACKIO_DIR, else HF_HOME/trackio)."""
     loss_chunk_tokens: int | Literal["auto"] = "auto"
     """Tokens per chunk of the LM head + cross-entropy, recomputed in backward, so the [tokens x vocab] logits never exist whole; 'auto' chunks when they would exceed a share of device memory, 0 never chunks."""
     distill_alpha: float = 0.5
@@ -498,6 +509,7 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.distill_hidden_weight,
             "must be >= 0",
         )
+        validate_report_to(obj, p)
         require(obj.dpo_beta > 0, f"{p}dpo_beta", obj.dpo_beta, "must be > 0")
         require(obj.simpo_gamma >= 0, f"{p}simpo_gamma", obj.simpo_gamma, "must be >= 0")
     elif isinstance(obj, LoraConfig):
