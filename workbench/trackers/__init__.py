@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.trackers.base import Tracker, TrackerMissingError, flatten, require, run_name, texts
+from workbench.trackers.base import Tracker, TrackerMissingError, flatten, require_tracker, run_name, texts
 
 TRACKERS = ("tensorboard", "trackio", "wandb")
 """The trackers ``train.report_to`` may name (besides ``none``)."""
@@ -42,7 +42,7 @@ class RunTrackers:
         self.cfg = cfg
         self.names = report_to_names(cfg.train.report_to)
         for name in self.names:  # a missing package stops the run here, before training
-            require(_MODULES[name], name)
+            require_tracker(_MODULES[name], name)
         self.trackers: list[Tracker] | None = None
         self.run_name = run_name(cfg)
 

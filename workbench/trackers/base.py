@@ -22,7 +22,7 @@ class TrackerMissingError(ValueError):
     """A tracker named in ``train.report_to`` whose package is not installed: the message is its pip line."""
 
 
-def require(module: str, extra: str) -> Any:
+def require_tracker(module: str, extra: str) -> Any:
     """`module` imported, or `TrackerMissingError` naming the install line."""
     import importlib
 

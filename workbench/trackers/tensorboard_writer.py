@@ -12,14 +12,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.trackers.base import require
+from workbench.trackers.base import require_tracker
 
 
 class TensorBoardTracker:
     name = "tensorboard"
 
     def __init__(self, directory: Path, config: Mapping[str, Any]) -> None:
-        module = require("torch.utils.tensorboard", "tensorboard")
+        module = require_tracker("torch.utils.tensorboard", "tensorboard")
         self.directory = directory
         self.writer = module.SummaryWriter(log_dir=str(directory))
         text = json.dumps(config, indent=1, default=str)

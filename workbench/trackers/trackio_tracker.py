@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from workbench.trackers.base import project, require
+from workbench.trackers.base import project, require_tracker
 
 
 class TrackioTracker:
     name = "trackio"
 
     def __init__(self, name: str, config: Mapping[str, Any]) -> None:
-        self.trackio = require("trackio", "trackio")
+        self.trackio = require_tracker("trackio", "trackio")
         self.project = project("TRACKIO_PROJECT")
         self.run_name = name
         self.run = self.trackio.init(project=self.project, name=name, config=dict(config), embed=False)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.trackers.base import project, require
+from workbench.trackers.base import project, require_tracker
 
 
 def has_key() -> bool:
@@ -33,7 +33,7 @@ class WandbTracker:
     name = "wandb"
 
     def __init__(self, name: str, config: Mapping[str, Any], directory: Path) -> None:
-        self.wandb = require("wandb", "wandb")
+        self.wandb = require_tracker("wandb", "wandb")
         directory.mkdir(parents=True, exist_ok=True)
         mode = os.environ.get("WANDB_MODE") or ("online" if has_key() else "offline")
         self.offline = mode in ("offline", "dryrun")
