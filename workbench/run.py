@@ -200,6 +200,9 @@ def _config(args: argparse.Namespace) -> WorkbenchConfig:
         raise FileNotFoundError(f"config file {args.config!r} does not exist")
     cfg = load_config(args.config, args.overrides)
     check_time_limit(cfg.train.time_limit, cfg.train.checkpoint_dir)  # before anything loads (or launches)
+    from workbench.trackers import check_installed
+
+    check_installed(cfg)  # a tracker train.report_to names that is not installed: its pip line, now
     from workbench.publish import check_push
 
     check_push(args, local_flag="--save-pretrained")  # a push that cannot happen: refused before training

@@ -35,14 +35,20 @@ def report_to_names(value: str | Sequence[str] | None) -> list[str]:
     return [n for n in dict.fromkeys(str(n).strip() for n in names) if n and n != "none"]
 
 
+def check_installed(cfg: Any) -> list[str]:
+    """The trackers ``train.report_to`` names; `TrackerMissingError` (its pip line) for one not installed."""
+    names = report_to_names(cfg.train.report_to)
+    for name in names:
+        require_tracker(_MODULES[name], name)
+    return names
+
+
 class RunTrackers:
     """A `Trainer` callback that reports every log interval to the trackers ``train.report_to`` names."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
-        self.names = report_to_names(cfg.train.report_to)
-        for name in self.names:  # a missing package stops the run here, before training
-            require_tracker(_MODULES[name], name)
+        self.names = check_installed(cfg)  # a missing package stops the run here, before training
         self.trackers: list[Tracker] | None = None
         self.run_name = run_name(cfg)
 
