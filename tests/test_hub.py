@@ -442,3 +442,32 @@ def test_the_pushed_runs_adapter_exports_to_gguf_with_the_merged_logits(pushed_r
         reference, written = model(ids).logits, loaded(ids).logits
     assert float((written - reference).norm() / reference.norm()) < 1e-5
     assert "base_model: org/tiny\nlibrary_name: gguf" in (out / "README.md").read_text()
+
+
+def test_the_doctor_sizes_a_cached_hub_model_and_only_warns_for_one_not_downloaded_yet(offline_hub):
+    from workbench.config import load_config
+    from workbench.doctor.roots import DoctorRoots
+    from workbench.doctor.sizing import model_check
+
+    check, needs = model_check(load_config(None, ["model.pretrained_path=org/tiny"]), DoctorRoots())
+    assert (
+        check.status == "ok"
+        and f"models--org--tiny/snapshots/{MODEL_COMMIT}" in check.saw
+        and needs is not None
+    )
+    check, _ = model_check(load_config(None, ["model.pretrained_path=org/later"]), DoctorRoots())
+    assert (
+        check.status == "warn"
+        and "is a Hub id not in the local Hub cache yet: the run downloads it" in check.saw
+    )
+
+
+def test_push_to_hub_from_python_writes_the_card_and_uploads(online_hub, hub_cache, tmp_path):
+    from workbench.publish import push_to_hub
+
+    folder = _saved_adapter(tmp_path / "out", hub_cache)
+    result = push_to_hub(folder, "me/from-python")
+    assert result.repo_id == "me/from-python" and "README.md" in result.files
+    assert (folder / "README.md").read_text() == online_hub.pushed["me/from-python"]["main"][
+        "README.md"
+    ].decode()

@@ -240,6 +240,31 @@ def publish_run(trainer: Any, result: Any, folder: Path, args: argparse.Namespac
     return push_with_card(folder, card, args)
 
 
+def push_to_hub(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    trainer: Any = None,
+    result: Any = None,
+    private: bool = False,
+    branch: str | None = None,
+) -> PushResult:
+    """Push a saved directory (``Trainer.save_pretrained``'s, an export's) to `repo_id` with its card, from
+    Python: the card from `trainer` and its `result` (``Trainer.fit``'s) when given, else from the facts a
+    command left in `folder`, else from `folder`'s own files. `HubError` when it cannot be pushed (a
+    failed upload says what to run again; `folder` stays as it was)."""
+    import dataclasses
+
+    folder = Path(folder)
+    check_can_push(repo_id, field="repo_id")
+    if trainer is not None and result is not None:
+        card = run_card(trainer, result, folder, repo_id)
+    else:
+        card = folder_card(folder, repo_id)
+    write_card(folder, dataclasses.replace(card, repo_id=repo_id))
+    return push_folder(folder, repo_id, private=private, branch=branch)
+
+
 def add_push_command(sub: Any) -> None:
     push = sub.add_parser(
         "push",

@@ -80,6 +80,25 @@ def hub_snapshot(ref: HubRef, repo_type: RepoType, patterns: Sequence[str], *, f
     return _RESOLVED[key]
 
 
+def cached_dir(value: str, *, use: Use = "model") -> Path | None:
+    """The local snapshot of the Hub id `value` when the cache already holds it, asking no network (the
+    doctor's look); None when `value` is no Hub id or the cache lacks it."""
+    from huggingface_hub import snapshot_download
+
+    ref = parse_hub_id(value)
+    if ref is None:
+        return None
+    patterns = MODEL_PATTERNS if use == "model" else TOKENIZER_PATTERNS
+    try:
+        return Path(
+            snapshot_download(
+                ref.repo_id, revision=ref.revision, allow_patterns=list(patterns), local_files_only=True
+            )
+        )
+    except Exception:  # not cached (LocalEntryNotFoundError), or cached incompletely
+        return None
+
+
 def offline() -> bool:
     """Whether ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) keeps ``huggingface_hub`` off the network."""
     from huggingface_hub import constants
