@@ -18,7 +18,7 @@ ALLOWED = {
     # the Hub (ids, tokens, downloads, cards, pushes) and GGUF writing: rooms that import nothing of the rest
     "hub": set(),
     "gguf": set(),
-    "trackers": set(),  # train.report_to: takes the config and the metrics dict as plain values
+    "trackers": {"backend"},  # train.report_to: the config and metrics as plain values; the main host
     "model_dirs": {"hub"},
     "config_parse": set(),
     "config_checks": {"config_parse"},

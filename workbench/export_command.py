@@ -107,12 +107,18 @@ def _plan(args: argparse.Namespace) -> dict[str, Any]:
         from workbench.gguf.writer import check_writable
         from workbench.train.start import load_tokenizer
 
-        root = model_dir.transformers_root
-        if root is None:
-            raise ValueError(
-                f"--model {args.model}: {model_dir.describe()} has no transformers checkpoint to read a family from"
+        tokenizer, root = load_tokenizer(model_dir), model_dir.transformers_root
+        if root is not None:
+            config = AutoConfig.from_pretrained(str(root))
+        else:  # a checkpoint of a run that built its model from the config: the same config again
+            from workbench.config import WorkbenchConfig
+            from workbench.models.build import hf_config
+            from workbench.train.start import run_config_of
+
+            config = hf_config(
+                WorkbenchConfig.from_dict(run_config_of(model_dir) or {}).model, len(tokenizer)
             )
-        check_writable(AutoConfig.from_pretrained(str(root)), load_tokenizer(model_dir), args.outtype)
+        check_writable(config, tokenizer, args.outtype)
     name = args.push_to_hub.split("/")[-1] if args.push_to_hub else (out.stem if file_out else out.name)
     return {
         "model_dir": model_dir,

@@ -142,7 +142,7 @@ def _train(args: argparse.Namespace, trainer: Any, resume_step: int | None) -> i
             return _fail(f"--save-pretrained {args.save_pretrained}: {_one_line(err)}", EXIT_FAILED)
     multihost.print_on_main(run_summary(trainer, result, resume_step, saved))
     _write_metrics(args.metrics_out, trainer, result, "ok")
-    if saved is not None and trainer.is_main:  # the model card, and the push when asked for
+    if saved is not None and trainer.is_main and multihost.is_main():  # the card, and the push asked for
         from workbench.hub.ids import HubError
         from workbench.publish import publish_run
 

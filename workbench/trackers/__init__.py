@@ -96,8 +96,13 @@ class RunTrackers:
 
 
 def with_trackers(cfg: Any, callbacks: Sequence[Any]) -> list[Any]:
-    """`callbacks` and, when ``train.report_to`` names trackers, the `RunTrackers` reporting to them."""
-    return [*callbacks, RunTrackers(cfg)] if report_to_names(cfg.train.report_to) else list(callbacks)
+    """`callbacks` and, when ``train.report_to`` names trackers, the `RunTrackers` reporting to them (on the
+    main process of a pod: one run per training run, not one per host)."""
+    from workbench.backend import multihost
+
+    if not report_to_names(cfg.train.report_to) or not multihost.is_main():
+        return list(callbacks)
+    return [*callbacks, RunTrackers(cfg)]
 
 
 def completion_sinks(callbacks: Sequence[Any]) -> list[Any]:
