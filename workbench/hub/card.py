@@ -58,8 +58,9 @@ class ModelCard:
             tags += ["lora", "peft"]
         if self.kind == "gguf":
             tags += ["gguf", "llama.cpp"]
-        if self.base_model:
-            tags.append(f"base_model:{'adapter' if self.kind == 'adapter' else 'finetune'}:{self.base_model}")
+        if self.base_model:  # the Hub's model-tree relation: an adapter of, a fine-tune of, a quantization of
+            relation = {"adapter": "adapter", "transformers": "finetune", "gguf": "quantized"}[self.kind]
+            tags.append(f"base_model:{relation}:{self.base_model}")
         return list(dict.fromkeys([*tags, *self.extra_tags]))
 
     def header(self) -> dict[str, Any]:
