@@ -100,6 +100,14 @@ def setup(app: Any) -> None:
     app.connect("build-finished", no_torch_xla)
 
 
-html_theme = "alabaster"
+# Furo, the theme much of the Python ML ecosystem reads (pip, attrs, urllib3): code blocks scroll instead of
+# cutting long commands, and the sidebar's captions are headings over their pages, not links repeated.
+html_theme = "furo"
 html_title = "XLA Workbench"
 html_static_path: list[str] = []
+html_theme_options = {
+    "navigation_with_keys": True,
+    "source_repository": "https://github.com/xla-workbench/xla-workbench/",
+    "source_branch": "main",
+    "source_directory": "docs/",
+}

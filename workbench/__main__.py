@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {info,doctor,config,smoke,demo,generate,eval,train}``."""
+"""Command line: ``python -m workbench {info,doctor,config,smoke,demo,generate,eval,train,export,push}``."""
 
 from __future__ import annotations
 
@@ -95,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
             "training, 2 could not start (bad config, missing file, hardware), 130 interrupted.",
         )
     )
+    from workbench.export_command import add_export_arguments
+    from workbench.publish import add_push_command
+
+    add_export_arguments(
+        sub.add_parser(
+            "export",
+            help="write a model directory as a merged transformers model or a GGUF file (llama.cpp, Ollama)",
+            description="Export --model (a transformers checkpoint, a LoRA adapter, merged first, or a training "
+            "checkpoint; a Hub id too) --to merged|gguf OUT; exit 0 written (and pushed), 1 failed while "
+            "writing or pushing, 2 could not start (a family GGUF cannot hold, a missing package, a bad OUT).",
+        )
+    )
+    add_push_command(sub)
     return parser
 
 
@@ -154,6 +167,14 @@ def _command(argv: list[str] | None) -> int:
             from workbench.run import run_train_command
 
             return run_train_command(args)
+        if args.command == "export":
+            from workbench.export_command import run_export_command
+
+            return run_export_command(args)
+        if args.command == "push":
+            from workbench.publish import run_push_command
+
+            return run_push_command(args)
     except HardwareError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -24,7 +24,12 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from workbench.config_checks import REFERENCE_FREE_LOSSES, validate_run  # noqa: F401 (the first: public here)
+from workbench.config_checks import (  # noqa: F401 (REFERENCE_FREE_LOSSES, REPORT_TO: public here)
+    REFERENCE_FREE_LOSSES,
+    REPORT_TO,
+    validate_report_to,
+    validate_run,
+)
 from workbench.config_parse import (
     ConfigError,
     build_section,
@@ -47,7 +52,7 @@ class ModelConfig:
     family: ModelFamily = "llama"
     """Architecture family in `transformers` used to build the model from this config (see `workbench.models.families`)."""
     pretrained_path: str | None = None
-    """Local directory for `from_pretrained(dir)`; when set, the size fields below are ignored."""
+    """Model directory for `from_pretrained(dir)` (a transformers checkpoint, a LoRA adapter or a training checkpoint) or a Hub id ('org/name' or 'org/name@revision': its weights, config and tokenizer, through the local Hub cache; a local directory of that name wins); when set, the size fields below are ignored."""
     hidden_size: int = 64
     """Width of the residual stream."""
     num_layers: int = 2
@@ -92,7 +97,11 @@ COLUMN_KEYS = (
 @dataclass
 class DataConfig:
     source: str = "embedded"
-    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records), 'preference-sample' (the shipped prompt/chosen/rejected pairs, for `train.objective: dpo`), 'math-sample' (arithmetic word problems with answers, made deterministically: prompts for `train.objective: grpo`, question/solution chat records otherwise), a local file or directory of files, or a directory written by `datasets`' save_to_disk (a DatasetDict gives its 'train' split, or its only one)."""
+    """'embedded' (text shipped with Python itself), 'chat-sample' (the shipped SFT records), 'preference-sample' (the shipped prompt/chosen/rejected pairs, for `train.objective: dpo`), 'math-sample' (arithmetic word problems with answers, made deterministically: prompts for `train.objective: grpo`, question/solution chat records otherwise), a local file or directory of files, a directory written by `datasets`' save_to_disk (a DatasetDict gives its `split`, or its only one), or a Hub dataset id ('org/name' or 'org/name@revision'; its data files for `subset` and `split`, read by the same loaders; a local path of that name wins)."""
+    subset: str | None = None
+    """A Hub dataset's subset: its config name (e.g. 'main' for openai/gsm8k); None takes the repo's default or only one. Read only when `source` is a Hub id."""
+    split: str = "train"
+    """The split to read from a Hub dataset or a save_to_disk DatasetDict ('train', 'validation', 'test' or the repo's own name); the eval part is still `eval_fraction` of it."""
     format: Literal["auto", "text", "messages", "prompt_response", "alpaca", "sharegpt"] = "auto"
     """Record format: 'messages' (lists of {role, content}); 'sharegpt' (conversations: lists of {from, value}, from in human/user, gpt/assistant/model, system); 'alpaca' (instruction, optional input, output, optional system; the user turn is instruction + blank line + input when input is not empty); 'prompt_response' (prompt, response, optional system; other columns such as scores are kept for `filter`); 'text' (the `text_field` column). 'auto' takes the first that fits, in that order, and says which. Under `train.objective: dpo` records are pairs (prompt/chosen/rejected, chosen/rejected conversations, or scored responses with `pair_by`) and this field is not read. Configs written before `file_type` existed set a file type here: jsonl/json/csv/parquet move to `file_type`, and 'text' (now plain-text records) still reads a file of unknown extension as lines of text."""
     file_type: Literal["auto", "jsonl", "json", "csv", "parquet", "text"] = "auto"
@@ -106,7 +115,7 @@ class DataConfig:
     chat: bool = False
     """Insist on chat records: under format 'auto' only the chat formats are tried (an error when none fits). Chat formats train as chat either way: labels only on the assistant's turns."""
     tokenizer_path: str | None = None
-    """Local tokenizer directory for `AutoTokenizer.from_pretrained`; None takes the tokenizer beside `model.pretrained_path` when that is set, else trains one on the corpus."""
+    """Local tokenizer directory (or a Hub id: the repo's tokenizer files) for `AutoTokenizer.from_pretrained`; None takes the tokenizer beside `model.pretrained_path` when that is set, else trains one on the corpus."""
     tokenizer_vocab_size: int = 512
     """Vocabulary size of the locally trained tokenizer."""
     max_length: int = 256
@@ -227,6 +236,12 @@ class TrainConfig:
     """Resume from the latest complete checkpoint in `checkpoint_dir` when there is one."""
     progress_bar: bool = True
     """Show a tqdm progress bar (updated only at log intervals; it never forces a device sync)."""
+    report_to: str | list[str] = "none"
+    """Trackers that get every log interval besides the dashboard: 'none', 'tensorboard', 'trackio', 'wandb', or a list of them (transformers' names); each an optional extra (pip install 'xla-workbench[tensorboard]', ...). W&B never prompts: without a key it logs offline and says where its files are."""
+    run_name: str | None = None
+    """The run's name in the trackers (None: the objective and the start time, e.g. 'sft-20261128-143005')."""
+    logging_dir: str = "runs"
+    """Where TensorBoard's event files (logging_dir/run_name) and W&B's runs go; trackio keeps its own store (TRACKIO_DIR, else HF_HOME/trackio)."""
     loss_chunk_tokens: int | Literal["auto"] = "auto"
     """Tokens per chunk of the LM head + cross-entropy, recomputed in backward, so the [tokens x vocab] logits never exist whole; 'auto' chunks when they would exceed a share of device memory, 0 never chunks."""
     distill_alpha: float = 0.5
@@ -385,6 +400,7 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.format,
             "chat=True needs a chat format: auto, messages, prompt_response, alpaca or sharegpt",
         )
+        require(bool(obj.split.strip()), f"{p}split", obj.split, "a split name such as 'train' or 'test'")
         _validate_columns(obj, p)
         conditions = [obj.filter] if isinstance(obj.filter, str) else obj.filter
         require(
@@ -493,6 +509,7 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.distill_hidden_weight,
             "must be >= 0",
         )
+        validate_report_to(obj, p)
         require(obj.dpo_beta > 0, f"{p}dpo_beta", obj.dpo_beta, "must be > 0")
         require(obj.simpo_gamma >= 0, f"{p}simpo_gamma", obj.simpo_gamma, "must be >= 0")
     elif isinstance(obj, LoraConfig):

@@ -1,5 +1,6 @@
 """The checks that read several sections of one `WorkbenchConfig` together (a key against another
-section's key), beside the per-section range checks in `workbench.config._validate`.
+section's key), beside the per-section range checks in `workbench.config._validate`; and the names
+``train.report_to`` takes (`validate_report_to`), kept here to keep `workbench.config` to its fields.
 
 Each check is a ``require(ok, key, value, allowed)`` call, so `workbench.config_reference` lists its
 message under the key it names, as it does for `workbench.config`'s own.
@@ -7,6 +8,7 @@ message under the key it names, as it does for `workbench.config`'s own.
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING
 
 from workbench.config_parse import require
@@ -15,7 +17,7 @@ REFERENCE_FREE_LOSSES = ("simpo", "orpo")
 """``train.dpo_loss`` values that need no reference model: no reference forward, no copy, no precompute."""
 
 if TYPE_CHECKING:
-    from workbench.config import WorkbenchConfig
+    from workbench.config import TrainConfig, WorkbenchConfig
 
 
 def validate_run(obj: WorkbenchConfig) -> None:
@@ -69,4 +71,31 @@ def validate_preference(cfg: WorkbenchConfig) -> None:
         "bucketing.packing",
         cfg.bucketing.packing,
         "must be false under train.objective=dpo: a pair's chosen and rejected answers are rows of their own",
+    )
+
+
+REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
+"""The names `TrainConfig.report_to` takes (`workbench.trackers`)."""
+
+
+def validate_report_to(obj: TrainConfig, p: str) -> None:
+    """`TrainConfig.report_to`: tracker names (a list, or one name; 'a,b' is a list too), 'none' alone."""
+    value = obj.report_to
+    if isinstance(value, str):
+        value = [n.strip() for n in value.strip().removeprefix("[").removesuffix("]").split(",") if n.strip()]
+        obj.report_to = value[0] if len(value) == 1 else value
+    for name in value:
+        close = difflib.get_close_matches(name, REPORT_TO, n=1, cutoff=0.6)
+        require(
+            name in REPORT_TO,
+            f"{p}report_to",
+            obj.report_to,
+            f"{name!r} is not a tracker{f'; did you mean {close[0]!r}?' if close else ''} (one of "
+            f"{', '.join(REPORT_TO)}, or a list of them)",
+        )
+    require(
+        "none" not in value or len(value) == 1,
+        f"{p}report_to",
+        obj.report_to,
+        "'none' stands alone: leave it out of a list of trackers",
     )

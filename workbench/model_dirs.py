@@ -14,6 +14,9 @@ The workbench writes three kinds of model directory, and every command that take
 
 `resolve_model_dir` names the kind and the chain of bases, and `tokenizer_dir` says where the
 tokenizer lies (a directory written by ``train --save-pretrained`` has one beside the weights).
+A Hub id (``org/name`` or ``org/name@revision``, `workbench.hub.ids`) stands for the repo's local
+snapshot wherever a directory goes, a base an adapter or checkpoint records included; a local
+directory of the same name wins.
 Loading the weights is the train layer's job (`workbench.train.start`). This module reads JSON
 only: it imports neither torch nor transformers, so the data layer and the CLI can ask it cheaply.
 """
@@ -28,6 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from workbench.hub.ids import hub_ref_of_snapshot
+from workbench.hub.resolve import local_dir
 
 ModelKind = Literal["transformers", "adapter", "checkpoint"]
 
@@ -76,6 +82,9 @@ class ModelDir:
 
     def describe(self) -> str:
         """'adapter out (rank 16) on transformers checkpoint /ckpt/qwen' — the chain, in one phrase."""
+        hub = hub_ref_of_snapshot(self.path)
+        if self.kind == "transformers" and hub is not None:
+            return f"transformers checkpoint {hub[1].repo_id!r} (the Hub, commit {str(hub[1].revision)[:12]})"
         if self.kind == "transformers":
             return f"transformers checkpoint {str(self.path)!r}"
         if self.kind == "adapter":
@@ -102,9 +111,11 @@ def resolve_model_dir(
     `base` overrides an adapter's recorded base. `field` names where the path came from
     (``--model``, ``model.pretrained_path``) in the errors. A checkpoint root gives its newest step
     that verifies against its manifest; `notice` hears each newer one skipped as damaged (default: a
-    RuntimeWarning, the workbench's notice). Nothing is moved: this only reads.
+    RuntimeWarning, the workbench's notice). Nothing is moved: this only reads. A Hub id is its repo's
+    snapshot, fetched where the local cache lacks it (`workbench.hub.HubError` when it cannot be).
     """
-    return _resolve(Path(path).expanduser(), base, field, seen=(), notice=notice)
+    base_dir = local_dir(base, field="--base") if base is not None else None
+    return _resolve(local_dir(path, field=field), base_dir, field, seen=(), notice=notice)
 
 
 def _resolve(
@@ -155,7 +166,7 @@ def _recorded_base(path: Path, adapter: dict[str, Any], field: str) -> Path:
         names.append(str(_read_json(recorded).get("name_or_path") or ""))
     names.append(str(adapter.get("base_model_name_or_path") or ""))
     for name in filter(None, names):
-        candidate = Path(name).expanduser()
+        candidate = local_dir(name, field=f"the base {str(path)!r} records")  # a Hub id: its snapshot
         if candidate.is_dir():
             return candidate
     named = next(filter(None, names), None)
@@ -182,11 +193,8 @@ def _checkpoint(
             "it was not written by the workbench's Trainer"
         )
     pretrained = (config.get("model") or {}).get("pretrained_path")
-    base = (
-        _resolve(Path(pretrained).expanduser(), None, "its run's model.pretrained_path", seen, notice)
-        if pretrained
-        else None
-    )
+    field = "its run's model.pretrained_path"
+    base = _resolve(local_dir(pretrained, field=field), None, field, seen, notice) if pretrained else None
     return ModelDir("checkpoint", path, base, run_config=config)
 
 

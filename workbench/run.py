@@ -4,7 +4,8 @@ Its one job: turn ``--config FILE key=value ...`` into a finished `Trainer` run 
 way a terminal, a TPU VM and a pod launch (`multihost.pod_launch_command` writes this command)
 can use: the hardware and a progress bar while it runs, then a short summary on the main process
 (steps, final loss, tokens/s, compiles after warm-up, checkpoint, notices), the metrics history
-as JSON (``--metrics-out``), the trained model (``--save-pretrained``) and an exit code.
+as JSON (``--metrics-out``), the trained model (``--save-pretrained``, with a model card; uploaded to the
+Hub with ``--push-to-hub ORG/NAME``: `workbench.publish`) and an exit code.
 
 Exit codes: 0 trained (or nothing left to train after a resume); 1 training failed while running
 (the traceback, then one ``error:`` line, on stderr; a loss or gradient norm that is not finite, or a
@@ -78,6 +79,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="let --save-pretrained replace a non-empty DIR the workbench did not write (never the run's "
         "base model or checkpoints)",
     )
+    from workbench.publish import add_push_arguments
+
+    add_push_arguments(
+        parser, what="the --save-pretrained directory (the adapter or model and its tokenizer)"
+    )
 
 
 def run_train_command(args: argparse.Namespace) -> int:
@@ -138,6 +144,14 @@ def _train(args: argparse.Namespace, trainer: Any, resume_step: int | None) -> i
             return _fail(f"--save-pretrained {args.save_pretrained}: {_one_line(err)}", EXIT_FAILED)
     multihost.print_on_main(run_summary(trainer, result, resume_step, saved))
     _write_metrics(args.metrics_out, trainer, result, "ok")
+    if saved is not None and trainer.is_main and multihost.is_main():  # the card, and the push asked for
+        from workbench.hub.ids import HubError
+        from workbench.publish import publish_run
+
+        try:
+            publish_run(trainer, result, Path(saved), args)
+        except HubError as err:  # the upload failed: the saved model stands, the line says how to retry
+            return _fail(str(err), EXIT_FAILED)
     return EXIT_OK
 
 
@@ -225,6 +239,12 @@ def _config(args: argparse.Namespace) -> WorkbenchConfig:
         from workbench.rl.rewards import check_reward_specs
 
         check_reward_specs(cfg.grpo)
+    from workbench.trackers import check_installed
+
+    check_installed(cfg)  # a tracker train.report_to names that is not installed: its pip line, now
+    from workbench.publish import check_push
+
+    check_push(args, local_flag="--save-pretrained")  # a push that cannot happen: refused before training
     if args.save_pretrained:
         from workbench.train.export_dir import check_export_dir, run_protected_dirs
 

@@ -1,8 +1,9 @@
-"""A local ``data.source`` read as raw records: a file, a directory of files, or a save_to_disk directory.
+"""A ``data.source`` read as raw records: a local file, a directory of files, a save_to_disk directory, or
+the files of a Hub dataset id (`workbench.hub.dataset_files`: its ``data.subset`` and ``data.split``).
 
-`load_local` loads it through ``datasets`` (the builder by ``data.file_type``, or by the extension under
+`load_source` loads it through ``datasets`` (the builder by ``data.file_type``, or by the extension under
 ``'auto'``; a file plainly of another type than the one set is refused naming ``data.file_type``; a
-save_to_disk directory is copied into the workbench's cache, its 'train' split or its only one) and
+save_to_disk directory is copied into the workbench's cache, its ``data.split`` or its only one) and
 returns how to place a record of it (`PlaceRecord`: its file and line, `workbench.data.file_errors`).
 A file ``datasets`` cannot parse raises a `DataFileError` naming the file, line and column.
 `convert_local` runs an objective's record reader over them (SFT records: `workbench.data.records`,
@@ -23,6 +24,8 @@ from typing import Any
 from workbench.data import formats
 from workbench.data.file_errors import DataFileError, data_file_error, load_errors, record_error
 from workbench.data.tokenizer import cache_root
+from workbench.hub.dataset_files import dataset_files
+from workbench.hub.ids import parse_hub_id
 
 _EXTENSIONS = {
     ".jsonl": "json",
@@ -49,16 +52,16 @@ def convert_local(
     shipped: str,
     kind: str,
 ) -> Any:
-    """``convert(records, data_cfg)`` of the records in the local ``data.source`` (a file, directory or
-    save_to_disk directory); a record `convert` refuses raises an error naming its file and line.
-    `objective`, `shipped` and `kind` word the error of a source that does not exist."""
+    """``convert(records, data_cfg)`` of the records in ``data.source`` (a local file, directory or
+    save_to_disk directory, or a Hub dataset id); a record `convert` refuses raises an error naming its
+    file and line. `objective`, `shipped` and `kind` word the error of a source that does not exist."""
     path = Path(data_cfg.source).expanduser()
-    if not path.exists():
+    if not path.exists() and parse_hub_id(data_cfg.source) is None:
         raise FileNotFoundError(
-            f"data.source={str(path)!r} does not exist; train.objective={objective} reads {shipped!r} or a "
-            f"local file/directory of {kind}"
+            f"data.source={str(path)!r} does not exist; train.objective={objective} reads {shipped!r}, a "
+            f"local file/directory of {kind} or a Hub dataset id (org/name)"
         )
-    records, place = load_local(path, data_cfg, cache_dir)
+    records, place = load_source(data_cfg, cache_dir)
     try:
         return convert(records, data_cfg)
     except formats.RecordError as err:
@@ -67,21 +70,28 @@ def convert_local(
         raise place(err) from None
 
 
+def load_source(data_cfg: Any, cache_dir: str | os.PathLike[str] | None) -> tuple[Any, PlaceRecord]:
+    """The raw records of ``data.source`` (a local path, else a Hub dataset id: the files of its
+    ``data.subset`` and ``data.split``, `workbench.hub.dataset_files`), and how to place a record of them."""
+    ref = parse_hub_id(data_cfg.source)
+    if ref is None:
+        return load_local(Path(data_cfg.source).expanduser(), data_cfg, cache_dir)
+    found = dataset_files(ref, data_cfg.subset, data_cfg.split)
+    return _load_files(list(found.files), data_cfg, cache_dir)
+
+
 def load_local(
     path: Path, data_cfg: Any, cache_dir: str | os.PathLike[str] | None
 ) -> tuple[Any, PlaceRecord]:
     """The raw records of a local file, directory of files or save_to_disk directory, and how to
     place a record of them."""
-    import datasets
-
     if not path.exists():
         raise FileNotFoundError(
-            f"data.source={str(path)!r} does not exist; use 'embedded', 'chat-sample', 'math-sample' or a local file/directory"
+            f"data.source={str(path)!r} does not exist; use 'embedded', 'chat-sample', 'math-sample', a local "
+            "file/directory or a Hub dataset id (org/name)"
         )
     if path.is_dir() and any((path / name).is_file() for name in ("dataset_dict.json", "state.json")):
-        return _load_saved(path, cache_dir)
-    # Configs from before data.file_type said data.format='text' for a text file of any extension.
-    fallback = "text" if data_cfg.format == "text" and data_cfg.file_type == "auto" else None
+        return _load_saved(path, cache_dir, data_cfg.split)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix.lower() in _EXTENSIONS)
     else:
@@ -91,6 +101,17 @@ def load_local(
             f"data.source={str(path)!r} holds no {'/'.join(sorted(_EXTENSIONS))} files "
             "and is no directory written by save_to_disk"
         )
+    return _load_files(files, data_cfg, cache_dir)
+
+
+def _load_files(
+    files: list[Path], data_cfg: Any, cache_dir: str | os.PathLike[str] | None
+) -> tuple[Any, PlaceRecord]:
+    """The raw records of data `files` (all of one type), and how to place a record of them."""
+    import datasets
+
+    # Configs from before data.file_type said data.format='text' for a text file of any extension.
+    fallback = "text" if data_cfg.format == "text" and data_cfg.file_type == "auto" else None
     if data_cfg.file_type == "auto":
         kinds = {_EXTENSIONS.get(p.suffix.lower(), fallback) for p in files}
         if None in kinds or len(kinds) != 1:
@@ -167,22 +188,27 @@ def _sniff_file_type(path: Path) -> str | None:
     return None
 
 
-def _load_saved(path: Path, cache_dir: str | os.PathLike[str] | None) -> tuple[Any, PlaceRecord]:
-    """A directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk`` (its 'train'
-    split, or its only one; a notice says which), copied into the workbench's cache."""
+def _load_saved(
+    path: Path, cache_dir: str | os.PathLike[str] | None, split: str = "train"
+) -> tuple[Any, PlaceRecord]:
+    """A directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk`` (its `split`
+    (``data.split``), or its only one when that is 'train'; a notice says which), copied into the
+    workbench's cache."""
     import datasets
 
     loaded = datasets.load_from_disk(str(path))
     where = str(path)
     if isinstance(loaded, datasets.DatasetDict):
         splits = list(loaded)
-        if "train" not in loaded and len(splits) != 1:
+        if split not in loaded and (split != "train" or len(splits) != 1):
             raise ValueError(
-                f"data.source={str(path)!r} is a DatasetDict with the splits {splits} and none named 'train': "
-                f"point data.source at one split's directory, e.g. {str(path / splits[0])!r}"
+                f"data.source={str(path)!r} is a DatasetDict with the splits {splits} and none named {split!r}: "
+                f"set data.split to one of them, or point data.source at one split's directory, e.g. "
+                f"{str(path / splits[0])!r}"
             )
-        split = "train" if "train" in loaded else splits[0]
-        which = "its 'train' split" if split == "train" else f"its only split, {split!r}"
+        wanted = split
+        split = split if split in loaded else splits[0]
+        which = f"its {split!r} split" if split == wanted else f"its only split, {split!r}"
         warnings.warn(
             f"data.source={str(path)!r} is a DatasetDict (splits {', '.join(splits)}): reading {which}, "
             f"{len(loaded[split]):,} records",

@@ -3,8 +3,8 @@
 **Records** (`load_records`): "embedded" (the embedded corpus, column ``text``), "chat-sample"
 (the shipped chat SFT records, from `workbench.data.corpus`), "math-sample" (the arithmetic word
 problems of `workbench.data.math_sample` as question/solution chat turns), a local jsonl/json/csv/parquet/text
-file or directory (``data.file_type``), loaded through ``datasets``, or a directory written by
-``save_to_disk`` (`workbench.data.local_files`). Whatever their shape, `workbench.data.formats` reads them (``data.format``,
+file or directory (``data.file_type``), loaded through ``datasets``, a directory written by
+``save_to_disk``, or a Hub dataset id (the files of its ``data.subset`` and ``data.split``, read the same way). Whatever their shape, `workbench.data.formats` reads them (``data.format``,
 ``data.columns``, ``data.filter``) into one ``messages`` column (chat) or the text column.
 
 **Tokenising** (`tokenize_records`): plain text becomes ``bos + text + eos`` with labels equal
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from pathlib import Path
 from typing import Any
 
 from workbench.backend.multihost import shard_for_host
@@ -33,7 +32,7 @@ from workbench.backend.xla import runtime
 from workbench.data import formats, preference, prompts
 from workbench.data.chat import IGNORE_INDEX, chat_example
 from workbench.data.corpus import CHAT_SAMPLE, embedded_corpus
-from workbench.data.local_files import PlaceRecord, load_local
+from workbench.data.local_files import PlaceRecord, load_source
 from workbench.data.tokenizer import get_tokenizer, missing_chat_template, tokenizer_setting
 
 # ---- records ---------------------------------------------------------------------------------
@@ -69,7 +68,7 @@ def load_records(data_cfg: Any, cache_dir: str | os.PathLike[str] | None = None)
 
         ds = datasets.Dataset.from_list([{"messages": m} for m in sft_messages(math_sample_records())])
     else:
-        ds, place = load_local(Path(source).expanduser(), data_cfg, cache_dir)
+        ds, place = load_source(data_cfg, cache_dir)
     try:
         # the shipped sources are known shapes: the format notice is for the user's own data
         return formats.prepare_records(ds, data_cfg, announce=place is not None)

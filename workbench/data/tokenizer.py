@@ -7,7 +7,7 @@ vocabulary), wrapped as a ``transformers.PreTrainedTokenizerFast`` with ``<|bos|
 cached on disk under `cache_root` (``$XLA_WORKBENCH_CACHE``, default
 ``~/.cache/xla-workbench``) keyed by a hash of the corpus, the size and the recipe, so only
 the first call trains; the cached entry loads under transformers 4.x and 5.x alike. A user's
-own tokenizer directory (``data.tokenizer_path``) loads with
+own tokenizer directory (``data.tokenizer_path``, or a Hub id: the repo's tokenizer files) loads with
 ``AutoTokenizer.from_pretrained(path)`` instead.
 """
 
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.data.corpus import embedded_corpus
+from workbench.hub.resolve import local_dir
 
 CACHE_ENV = "XLA_WORKBENCH_CACHE"
 _TOKENIZER_RECIPE = "bytelevel-bpe-v1"
@@ -104,7 +105,11 @@ def get_tokenizer(
 
     beside_model = _model_tokenizer(model_path) if model_path and not data_cfg.tokenizer_path else None
     if data_cfg.tokenizer_path or beside_model is not None:
-        path = Path(data_cfg.tokenizer_path).expanduser() if data_cfg.tokenizer_path else beside_model
+        path = (
+            local_dir(data_cfg.tokenizer_path, use="tokenizer", field="data.tokenizer_path")
+            if data_cfg.tokenizer_path
+            else beside_model
+        )
         if not path.is_dir():
             raise FileNotFoundError(
                 f"data.tokenizer_path={str(path)!r} is not a directory; "

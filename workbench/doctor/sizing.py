@@ -25,6 +25,8 @@ from typing import Any
 
 from workbench.doctor.checks import Check
 from workbench.doctor.roots import DoctorRoots
+from workbench.hub.ids import parse_hub_id
+from workbench.hub.resolve import cached_dir
 from workbench.units import format_bytes
 
 PARAMETER_BYTES = {"fp32": 4, "bf16-mixed": 4, "bf16": 2}
@@ -89,6 +91,14 @@ def _config_view(cfg: Any, roots: DoctorRoots) -> tuple[SimpleNamespace, Path | 
     model = cfg.model
     if model.pretrained_path:
         directory = roots.resolve(model.pretrained_path)
+        if not directory.exists() and parse_hub_id(model.pretrained_path) is not None:
+            cached = cached_dir(model.pretrained_path)  # the Hub cache only: the doctor downloads nothing
+            if cached is None:
+                raise SizingError(
+                    f"model.pretrained_path={model.pretrained_path!r} is a Hub id not in the local Hub cache yet: "
+                    "the run downloads it (its size is not known before)"
+                )
+            directory = cached
         config_file = directory / "config.json"
         if not config_file.is_file():
             raise MissingCheckpoint(

@@ -1,7 +1,8 @@
 """[from models] Build `transformers` causal LMs from the workbench's `ModelConfig`, or load one from a local directory.
 
-No hub access: a model is either built from a config (random init, seeded) or loaded with
-``from_pretrained(dir)`` from a directory on disk. Each family's `transformers` config class
+A model is either built from a config (random init, seeded) or loaded with
+``from_pretrained(dir)`` from a directory on disk; a Hub id there is its repo's local snapshot
+(`workbench.hub.resolve.local_dir`, which fetches what the cache lacks). Each family's `transformers` config class
 and how the `ModelConfig` fields map onto it come from the registry in
 `workbench.models.families`.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from workbench.hub.resolve import local_dir
 from workbench.models.families import FAMILIES, FAMILY_NAMES
 
 if TYPE_CHECKING:  # annotations only: workbench.config imports the families registry from this package
@@ -49,7 +51,7 @@ def transformers_config_of(model_or_config: Any) -> Any:
         if getattr(model_or_config, "pretrained_path", None):
             import transformers as tf
 
-            return tf.AutoConfig.from_pretrained(model_or_config.pretrained_path)
+            return tf.AutoConfig.from_pretrained(str(local_dir(model_or_config.pretrained_path)))
         return hf_config(model_or_config)
     return model_or_config
 
@@ -78,7 +80,7 @@ def build_model(
         # bf16 checkpoint is not doubled on the host before `model.quantize` or bf16 casts it
         return no_kv_cache(
             tf.AutoModelForCausalLM.from_pretrained(
-                cfg.pretrained_path, attn_implementation=attn_implementation, dtype="auto"
+                str(local_dir(cfg.pretrained_path)), attn_implementation=attn_implementation, dtype="auto"
             )
         )
     config = hf_config(cfg, vocab_size)

@@ -62,9 +62,15 @@ def base_model_identity(model: Any) -> dict[str, Any]:
 
 def _local_name(name: str) -> str:
     """A base's name as recorded: an existing local directory made absolute, so the adapter finds its base
-    from any working directory (`workbench.model_dirs`); a hub-style name as it is."""
+    from any working directory (`workbench.model_dirs`); a Hub cache snapshot as its Hub id pinned to the
+    commit (``org/name@<commit>``: found again through any Hub cache); a hub-style name as it is."""
     import os
 
+    from workbench.hub.ids import hub_ref_of_snapshot
+
+    hub = hub_ref_of_snapshot(name) if name and os.path.isdir(name) else None
+    if hub is not None:
+        return str(hub[1])
     return os.path.abspath(name) if name and os.path.isdir(name) else name
 
 

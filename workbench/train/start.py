@@ -128,7 +128,7 @@ def load_tokenizer(model_dir: ModelDir) -> Any:
     found = tokenizer_dir(model_dir)
     if found is not None:
         return get_tokenizer(dataclasses.replace(WorkbenchConfig().data, tokenizer_path=str(found)))
-    run_config = _run_config_of(model_dir)
+    run_config = run_config_of(model_dir)
     if run_config is None:
         raise ModelDirError(
             f"{model_dir.describe()} has no tokenizer beside it or its base: save one there "
@@ -137,7 +137,8 @@ def load_tokenizer(model_dir: ModelDir) -> Any:
     return get_tokenizer(WorkbenchConfig.from_dict(run_config).data)
 
 
-def _run_config_of(model_dir: ModelDir | None) -> dict[str, Any] | None:
+def run_config_of(model_dir: ModelDir | None) -> dict[str, Any] | None:
+    """The run config of the nearest checkpoint in `model_dir`'s chain (None when there is none)."""
     while model_dir is not None and model_dir.run_config is None:
         model_dir = model_dir.base
     return model_dir.run_config if model_dir is not None else None
@@ -148,7 +149,7 @@ def _weights(
 ) -> tuple[Any, CarriedAdapter | None]:
     """The base model with any whole weights loaded, and the adapters still to put on (or None)."""
     root = model_dir.transformers_root
-    run_config = _run_config_of(model_dir)
+    run_config = run_config_of(model_dir)
     if root is not None:
         model_cfg = dataclasses.replace(WorkbenchConfig().model, pretrained_path=str(root))
     else:  # a run built from its config: the same shapes and seed give the same base

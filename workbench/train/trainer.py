@@ -47,6 +47,7 @@ from workbench.models.scan import scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
 from workbench.rl.wiring import evaluate_grpo, grpo_objective, grpo_run_metrics, warm_up_grpo
+from workbench.trackers import with_trackers
 from workbench.train import warmup
 from workbench.train.adapter_files import save_model
 from workbench.train.clock import ThroughputClock, TimeBudget, check_time_limit
@@ -132,7 +133,9 @@ class Trainer:
         # under torchrun: the process group, the same config on every rank, mesh.data x mesh.fsdp over the ranks
         self.replicas = start_replicas(cfg, self.backend)  # else this process alone (SPMD is one process)
         self.is_main = self.replicas.is_main
-        self.callbacks = list(callbacks) if self.is_main else []  # metrics and dashboards: the main rank's
+        self.callbacks = (
+            with_trackers(cfg, callbacks) if self.is_main else []
+        )  # + train.report_to's: main rank
         spmd = self.backend.gspmd and cfg.mesh.enabled  # one program over a mesh of devices
         self.mesh_spec = mesh_from_config(cfg.mesh, self.hw) if spmd else None
         self.mesh = self.mesh_spec.build() if self.mesh_spec is not None else None
