@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import REPO
 from workbench.__main__ import main
 from workbench.config import ConfigError, load_config
-from workbench.trackers import RunTrackers, completion_sinks, report_to_names, with_trackers
+from workbench.trackers import RunTrackers, report_to_names, with_trackers
 from workbench.trackers.base import TrackerMissingError, flatten, texts
 
 STEPS = 4
@@ -197,14 +197,16 @@ def test_flatten_names_every_figure_as_transformers_trackers_do():
 
 
 def test_grpo_completions_reach_a_tracker_as_a_table(tmp_path):
+    """An interval's ``completions`` rows (grpo.log_completions) go out as a table, not as text lines."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg = load_config(
-        None, ["train.report_to=tensorboard", f"train.logging_dir={tmp_path}", "train.run_name=g"]
+        None,
+        ["train.report_to=tensorboard", f"train.logging_dir={tmp_path}", "train.run_name=g", "train.steps=2"],
     )
-    (sink,) = completion_sinks(with_trackers(cfg, []))
-    sink.log_completions(2, [{"prompt": "1+1?", "completion": "2 | two", "reward": 1.0}])
-    sink.finish()
+    (trackers,) = with_trackers(cfg, [])
+    rows = [{"prompt": "1+1?", "completion": "2 | two", "reward": 1.0}]
+    trackers({"step": 2, "loss": 0.5, "completions": rows})  # the last step: the run finishes
     events = EventAccumulator(str(tmp_path / "g"), size_guidance={"tensors": 0})
     events.Reload()
     (table,) = events.Tensors("train/completions/text_summary")
@@ -214,3 +216,4 @@ def test_grpo_completions_reach_a_tracker_as_a_table(tmp_path):
         and "| prompt | completion | reward |" in text
         and "| 1+1? | 2 \\| two | 1.0 |" in text
     )
+    assert [s.value for s in events.Scalars("train/loss")] == [0.5]

@@ -9,9 +9,10 @@ first log interval it opens each tracker's run with the resolved config (``train
 saying where its files are. Each tracker is an optional extra; one that is not installed stops the run
 before training with its ``pip install`` line.
 
-GRPO's completions: `RunTrackers.log_completions(step, rows)` logs rows (dicts: prompt, completion,
-reward, ...) as a table where the tracker has tables (W&B, trackio) and as a markdown table in
-TensorBoard's text tab. Whoever samples them finds the sinks with `completion_sinks(trainer.callbacks)`.
+GRPO's completions (``grpo.log_completions``: the metrics key ``completions``, rows of prompt, completion,
+rewards, advantage): each interval's rows go out as a table where the tracker has tables (W&B, trackio) and
+as a markdown table in TensorBoard's text tab (`RunTrackers.log_completions`, which a caller of its own
+may also call).
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ class RunTrackers:
     def __call__(self, metrics: Mapping[str, Any]) -> None:
         trackers = self.trackers if self.trackers is not None else self._open()
         step = int(metrics["step"])
-        scalars, lists = flatten(metrics), texts(metrics)
+        rows = metrics.get("completions") or []  # a table of its own, not a text list
+        scalars, lists = flatten(metrics), texts({k: v for k, v in metrics.items() if k != "completions"})
         for tracker in trackers:
             tracker.log(scalars, lists, step)
+        self.log_completions(step, rows)
         if step >= self.cfg.train.steps:
             self.finish()
 
@@ -105,16 +108,10 @@ def with_trackers(cfg: Any, callbacks: Sequence[Any]) -> list[Any]:
     return [*callbacks, RunTrackers(cfg)]
 
 
-def completion_sinks(callbacks: Sequence[Any]) -> list[Any]:
-    """The callbacks that take GRPO's completions as a table (`RunTrackers.log_completions`)."""
-    return [c for c in callbacks if callable(getattr(c, "log_completions", None))]
-
-
 __all__ = [
     "TRACKERS",
     "RunTrackers",
     "TrackerMissingError",
-    "completion_sinks",
     "report_to_names",
     "with_trackers",
 ]
