@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,10 @@ class DecodeState:
     before top-k/top-p (0 after a row's end); None unless asked for."""
     all_done: torch.Tensor | None = None
     """[] whether every row has ended: the one value the host reads during decoding."""
+    steps: int = 0
+    """Tokens chosen per row so far (the prefill's and the decode steps run): a host count, no read."""
+    reads: int = 0
+    """Reads of `all_done` the decoding made (one per block of `Decoder.stop_check_every` steps)."""
 
 
 class Decoder:
@@ -113,12 +117,15 @@ class Decoder:
         window: torch.Tensor | None = None,
         check_stops: bool = True,
         keep_logps: bool = False,
+        all_ended: Callable[[torch.Tensor], bool] | None = None,
     ) -> DecodeState:
         """Prefill `input_ids` [rows, bucket] and decode up to `new` tokens, all on the device.
 
         `mask` [rows, bucket + budget] is 0 on left padding only; `positions` [rows, bucket] the
         prompt's position ids. Every `stop_check_every` steps (when `check_stops`) the host reads
         whether all rows ended and stops then; without, exactly `new` steps run and nothing is read.
+        `all_ended` turns that flag (a device scalar) into the decision (default: its value; across
+        processes that decode in step, whether every process's rows ended).
         """
         rows, bucket = input_ids.shape
         cache = static_cache(self.model, bucket + budget)
@@ -141,10 +148,14 @@ class Decoder:
         cache_pos = extra["cache_position"][-1:].clone() if self.cache_position else None
         token = self._record(*self.pick(logits, state), state)
         self._sync()
+        state.steps = 1
+        ended = all_ended or (lambda flag: bool(flag.cpu()))
         for i in range(1, new):
             due = check_stops and self.stop_check_every and i % self.stop_check_every == 0
-            if due and bool(state.all_done.cpu()):  # the one host read while decoding
-                break
+            if due:
+                state.reads += 1
+                if ended(state.all_done):  # the one host read while decoding, once per block
+                    break
             pos = pos + 1
             if cache_pos is not None:
                 cache_pos = cache_pos + 1
@@ -152,6 +163,7 @@ class Decoder:
             logits = self._forward(token[:, None], mask, pos, cache, extra)
             token = self._record(*self.pick(logits, state), state)
             self._sync()
+            state.steps = i + 1
         return state
 
     def left_padded(

@@ -140,6 +140,12 @@ class RunMetrics(IntervalMetrics):
     skipped (None) every completion is None."""
     completion_length: float | None
     """GRPO: mean tokens per sampled completion (its ending token included) over the interval."""
+    completion_length_max: int | None
+    """GRPO: the longest sampled completion of the interval, in tokens (TRL's ``completions/max_length``)."""
+    rollout_decode_steps: float | None
+    """GRPO: tokens each rollout decoded per row, averaged over the interval's rollouts: the completion
+    budget (``grpo.max_completion_length``) when some completion ran to it, fewer when every completion
+    had ended (the rollout checks once per block of decode steps)."""
     zero_std_groups: float | None
     """GRPO: share of the interval's groups (a prompt's ``grpo.num_generations`` completions) whose
     rewards were all equal, so their advantages are 0 and they teach nothing (TRL's
@@ -178,6 +184,8 @@ GRPO_KEYS: tuple[str, ...] = (
     "reward_std",
     "rewards",
     "completion_length",
+    "completion_length_max",
+    "rollout_decode_steps",
     "clip_ratio",
     "kl",
     "zero_std_groups",
