@@ -152,3 +152,38 @@ def test_the_generation_batch_takes_trls_names_and_checks():
         base.with_overrides({"grpo.generation_batch_size": 6})
     with pytest.raises(ConfigError, match=r"cannot be set with steps_per_generation=2"):
         base.with_overrides({"grpo.generation_batch_size": 8, "grpo.steps_per_generation": 2})
+
+
+def test_sampling_with_the_adapters_merged_is_the_policy_and_leaves_it_untouched():
+    import torch
+
+    from tests.tiny import tiny
+    from workbench.config import LoraConfig
+    from workbench.models.build import build_model
+    from workbench.rl.merged_sampling import merged_linears, merges_for_sampling
+    from workbench.train.lora import apply_lora
+
+    policy = apply_lora(
+        build_model(tiny("llama", vocab_size=256), seed=0).float(), LoraConfig(rank=4), seed=0
+    )
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(1)
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    ids = torch.randint(3, 256, (3, 9), generator=gen)
+    with torch.no_grad():
+        adapted = policy(input_ids=ids).logits
+        with merged_linears(policy) as swapped:
+            merged = policy(input_ids=ids).logits
+    assert swapped == 2 * 7  # every projection of both layers
+    torch.testing.assert_close(merged, adapted, atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(v, before[k]) for k, v in policy.state_dict().items())  # nothing touched
+    assert not any(type(m).__name__ == "MergedLinear" for m in policy.modules())
+    # eager, one process, an fp32 base whose merged copy is small: merged; otherwise not
+    assert merges_for_sampling(policy, eager=True, processes=1, memory_bytes=None)
+    assert not merges_for_sampling(policy, eager=False, processes=1, memory_bytes=None)
+    assert not merges_for_sampling(policy, eager=True, processes=2, memory_bytes=None)
+    assert not merges_for_sampling(policy, eager=True, processes=1, memory_bytes=1024)
+    assert not merges_for_sampling(policy.to(torch.bfloat16), eager=True, processes=1, memory_bytes=None)

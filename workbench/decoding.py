@@ -1,6 +1,8 @@
 """The decoder behind `workbench.generate`: a static KV cache, a prefill and one fixed-shape decode
 step, with every per-row value (tokens, ends, lengths, log-probs) a device tensor advanced inside
-the step, so decoding needs no host read and XLA compiles each program once.
+the step, so decoding needs no host read and XLA compiles each program once. On an eager backend
+(CPU, CUDA), where shapes compile nothing, the cache grows with the tokens instead (transformers'
+`DynamicCache`), so each step's attention reads only the positions written.
 
 `Decoder.decode` runs one batch of left-padded rows already on the device and returns their
 `DecodeState`; `Decoder.run` (what `generate` calls) pads token-id lists and reads the tokens back
@@ -128,12 +130,19 @@ class Decoder:
         processes that decode in step, whether every process's rows ended).
         """
         rows, bucket = input_ids.shape
-        cache = static_cache(self.model, bucket + budget)
+        # traced (XLA): one static cache and mask of the whole budget, so every step is one program;
+        # eager: a cache that grows with the tokens, so attention reads only the positions written
+        grows = not self.xla
+        cache = dynamic_cache(self.model) if grows else static_cache(self.model, bucket + budget)
+
+        def seen(positions: int) -> torch.Tensor:
+            return mask[:, :positions] if grows else mask
+
         extra: dict[str, Any] = {}
         if self.cache_position:
             extra["cache_position"] = torch.arange(bucket, device=self.dev)
         prefill_extra = dict(extra, logits_to_keep=1) if self.logits_to_keep else extra
-        logits = self._forward(input_ids, mask, positions, cache, prefill_extra)
+        logits = self._forward(input_ids, seen(bucket), positions, cache, prefill_extra)
         state = DecodeState(
             out=torch.full((rows, budget), self.pad, dtype=torch.long, device=self.dev),
             step=torch.zeros((1,), dtype=torch.long, device=self.dev),
@@ -160,7 +169,7 @@ class Decoder:
             if cache_pos is not None:
                 cache_pos = cache_pos + 1
                 extra["cache_position"] = cache_pos
-            logits = self._forward(token[:, None], mask, pos, cache, extra)
+            logits = self._forward(token[:, None], seen(bucket + i), pos, cache, extra)
             token = self._record(*self.pick(logits, state), state)
             self._sync()
             state.steps = i + 1
@@ -303,6 +312,14 @@ def static_cache(model: Any, max_cache_len: int) -> Any:
             f"layer_types={layers or None}): {err}. Set config.layer_types to 'full_attention'/"
             "'sliding_attention' entries (and config.sliding_window to the window), or upgrade transformers"
         ) from err
+
+
+def dynamic_cache(model: Any) -> Any:
+    """transformers' `DynamicCache` for `model` (sliding-window layers keep their window): the eager
+    backends' cache, which grows with the tokens decoded."""
+    import transformers as tf
+
+    return tf.DynamicCache(config=model.config)
 
 
 @contextlib.contextmanager

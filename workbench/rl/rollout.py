@@ -7,7 +7,8 @@ buckets), each prompt repeated G = ``grpo.num_generations`` times (groups on con
 the programs are bounded by the prompt buckets); `workbench.generate.sample_rollout` samples the
 completions on the live model (LoRA adapters included: the policy is the sampler, no copy, no
 sync of weights) in blocks of `ROLLOUT_BLOCK` decode steps, reading one "every row has ended"
-flag per block and stopping at the first block where it is set. `read_rollout` brings the
+flag per block and stopping at the first block where it is set (on an eager backend, where the read
+costs no program, after every step, as transformers' ``generate`` checks). `read_rollout` brings the
 completion tokens to the host in ONE transfer; they are decoded and scored
 (`workbench.rl.rewards.RewardSet`, with the records' columns), turned into group-relative
 advantages (`workbench.rl.advantages`) and written to the device in ONE transfer (split over the
@@ -37,6 +38,7 @@ until the log step reads them. Nothing else crosses between host and device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -49,6 +51,7 @@ import torch
 from workbench.backend.protocol import Backend, OneProcess, Replicas
 from workbench.backend.xla import runtime
 from workbench.generate import RowSharding
+from workbench.rl.merged_sampling import merged_linears
 from workbench.rl.metrics import RolloutFigures, RolloutLog, rollout_figures
 from workbench.train.stream import BatchInfo, HostStream
 
@@ -97,7 +100,8 @@ class Rollouts:
         mesh: Any = None,
         replicas: Replicas | None = None,
         old_logps: bool = False,
-        trim: bool = False,
+        eager: bool = False,
+        merge: bool = False,
     ) -> None:
         self.model, self.tokenizer, self.grpo, self.rewards = model, tokenizer, grpo, rewards
         self.columns = columns
@@ -109,8 +113,11 @@ class Rollouts:
         """The data-parallel processes: this rank's prompts, the wrapper the sampler runs through."""
         self.old_logps = old_logps
         """Whether the training batches carry the sampler's log-probs (`keeps_old_logps`)."""
-        self.trim = trim
-        """Cut the completions to the tokens decoded (a backend that compiles no program per shape)."""
+        self.eager = eager
+        """A backend that compiles no program per shape: the flag is read after every decode step (as
+        transformers' ``generate`` checks its rows) and the completions are cut to the tokens decoded."""
+        self.merge = merge
+        """Sample with the LoRA adapters merged (`workbench.rl.merged_sampling.merges_for_sampling`)."""
         from workbench.generation_controls import eos_ids
 
         # as `generate` ends a row: the model's generation config (a chat model's end-of-turn ids),
@@ -127,6 +134,10 @@ class Rollouts:
         grpo = self.grpo
 
         def draw(model: torch.nn.Module, _batch: Any) -> Any:
+            with merged_linears(model) if self.merge else contextlib.nullcontext():
+                return sample(model)
+
+        def sample(model: torch.nn.Module) -> Any:
             return sample_rollout(
                 model,
                 input_ids,
@@ -141,9 +152,9 @@ class Rollouts:
                 seed=seed,
                 # the sampler's log-probs serve as the old policy's only when another policy trains them
                 keep_logps=not greedy and self.old_logps,
-                block=ROLLOUT_BLOCK,
+                block=1 if self.eager else ROLLOUT_BLOCK,
                 all_ended=self.all_ended,
-                trim=self.trim,
+                trim=self.eager,
             )
 
         with torch.no_grad():  # no data-parallel wrapper prepares a backward for it
@@ -154,7 +165,8 @@ class Rollouts:
     def all_ended(self, flag: torch.Tensor) -> bool:
         """Whether every row of every rank has ended (each rank decodes as many blocks as the others,
         so the collectives of a sharded model stay in step): the flag's one read, shared."""
-        return all(self.replicas.gather(bool(flag.cpu())))
+        ended = bool(flag.cpu())
+        return ended if self.replicas.world_size == 1 else all(self.replicas.gather(ended))
 
     def completions(self, rollout: Any) -> tuple[list[list[int]], list[bool]]:
         """The completion tokens and whether each ended: the rollout's ONE host read. Under a mesh what

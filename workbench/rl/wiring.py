@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from workbench.data.loader import synthetic_batch
+from workbench.rl.merged_sampling import merges_for_sampling
 from workbench.rl.metrics import RolloutLog
 from workbench.rl.prompt_loader import PromptColumns, prompt_loader
 from workbench.rl.rollout import Rollouts, RolloutStream, row_sharding
@@ -53,7 +54,8 @@ class RolloutData(TrainingData):
         mesh: Any,
         *,
         replicas: Any = None,
-        trim: bool = False,
+        eager: bool = False,
+        merge: bool = False,
     ) -> None:
         self.__dict__.update(vars(data))
         grpo = self.cfg.grpo
@@ -68,7 +70,8 @@ class RolloutData(TrainingData):
             backend=self.backend,
             mesh=mesh,
             replicas=replicas,
-            trim=trim,
+            eager=eager,
+            merge=merge,
         )
         self.rollouts = Rollouts(
             model,
@@ -165,9 +168,11 @@ def grpo_objective(trainer: Any, chunking: LossChunking | None = None) -> torch.
         rewards = RewardSet(resolve_reward_funcs(given, grpo), grpo.reward_weights)
     else:
         rewards = RewardSet.from_config(grpo)
-    # an eager step (a GRPO step is never torch.compiled: no program per shape) trains only the
-    # completion columns the rollout decoded
-    trim = not trainer.backend.compiles_every_shape
+    # an eager backend (a GRPO step is never torch.compiled: no program per shape) checks the rollout's
+    # rows after every decode step and trains only the completion columns decoded
+    eager = not trainer.backend.compiles_every_shape
+    processes, memory = trainer.replicas.world_size, trainer.hw.memory_per_device_bytes
+    merge = merges_for_sampling(trainer.model, eager=eager, processes=processes, memory_bytes=memory)
     data = RolloutData(
         trainer.data,
         trainer.model,
@@ -175,7 +180,8 @@ def grpo_objective(trainer: Any, chunking: LossChunking | None = None) -> torch.
         rewards,
         trainer.mesh,
         replicas=trainer.replicas,
-        trim=trim,
+        eager=eager,
+        merge=merge,
     )
     if trainer.backend.compiles_every_shape and cfg.bucketing.max_buckets == "auto":
         data.cfg = data.cfg.with_overrides({"bucketing.max_buckets": AUTO_PROMPT_BUCKETS})
