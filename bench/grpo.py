@@ -131,7 +131,9 @@ def prompts_and_model(args: argparse.Namespace, cfg):
     if args.start:
         import transformers as tf
 
-        model = tf.AutoModelForCausalLM.from_pretrained(args.start, dtype="float32", attn_implementation="eager")
+        model = tf.AutoModelForCausalLM.from_pretrained(
+            args.start, dtype="float32", attn_implementation="eager"
+        )
         return train, tokenizer, model
     return train, tokenizer, build_model(cfg.model, vocab_size=len(tokenizer), seed=0)
 
