@@ -48,7 +48,7 @@ class GRPOConfig:
     epsilon_high: float | None = None
     """Upper clip of the importance ratio; null: the same as epsilon. DAPO's clip-higher recommends 0.28."""
     num_iterations: int = 1
-    """mu: optimizer steps per rollout. Above 1 the old log-probs are the rollout's, kept for its mu steps, so the ratio and its clip act; at 1 the ratio is 1 (the old log-probs are the policy's own, detached)."""
+    """mu: times each rollout is trained (TRL's num_iterations). When a policy other than the sampler trains a rollout (mu > 1, or steps_per_generation x mu not dividing train.grad_accum) the old log-probs are the sampler's, kept with the rollout, so the ratio and its clip act; otherwise the ratio is 1 (the old log-probs are the policy's own, detached), as TRL's."""
     steps_per_generation: int | None = None
     """Micro-steps whose prompts one rollout samples together (TRL's name): a rollout of train.batch_size x steps_per_generation prompts x G rows, then trained train.batch_size prompts x G rows a micro-step, a group never split; null: train.grad_accum (one rollout per optimizer step). Give this or generation_batch_size, not both."""
     generation_batch_size: int | None = None
