@@ -147,6 +147,24 @@ def test_the_how_to_recipe_fits_the_chip_it_names(shapes):
 # ---- plan ------------------------------------------------------------------------------------------
 
 
+def test_plan_reads_an_adapters_shape_from_its_base(shapes, tmp_path, capsys):
+    """The how-to's GRPO command starts from an SFT adapter: plan prices its base's shape."""
+    import json
+
+    from workbench.__main__ import main
+
+    adapter = tmp_path / "sft-adapter"
+    adapter.mkdir()
+    base = shapes["qwen2.5-0.5b"]
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 16, "base_model_name_or_path": str(base)}))
+    recipe = str(REPO / "configs" / "grpo-qwen2.5-0.5b-v5e-1.yaml")
+    totals = []
+    for path in (adapter, base):
+        assert main(["plan", "--config", recipe, f"model.pretrained_path={path}", "--chip", "v5e-1"]) == 0
+        totals.append(PLAN_TOTAL.findall(capsys.readouterr().out))
+    assert totals[0] == totals[1] and totals[0][0][1] == "fits"
+
+
 def test_plan_prints_every_part_and_exits_by_the_fit(shapes, capsys):
     from workbench.__main__ import main
     from workbench.plan_command import plan_chip, plan_target

@@ -14,7 +14,8 @@ Chips are `workbench.backend.targets.TARGETS` names in any case (``v5e-1``, ``v5
 ``h100``; ``h100-80gb`` and ``a100-80gb`` say the memory), ``cpu`` (this machine's memory) or ``auto``
 (the detected hardware, the default). Exit 0 when the run fits every chip asked, 1 when it does not
 fit one, 2 for a bad config, override or chip. Nothing here loads weights or data, or starts a runtime
-(a ``model.pretrained_path`` is read for its ``config.json`` alone).
+(a ``model.pretrained_path`` is read for its ``config.json`` alone: an adapter's or a training
+checkpoint's base's).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, WorkbenchConfig, load_config, steps_per_generation
@@ -275,10 +277,24 @@ def summary(cfg: WorkbenchConfig, est: Any) -> str:
     return f"{what}\n{rows}"
 
 
+def shape_config(cfg: WorkbenchConfig) -> WorkbenchConfig:
+    """`cfg` with ``model.pretrained_path`` at the transformers checkpoint whose shape the run trains: an
+    adapter's or a training checkpoint's base (`workbench.model_dirs`), the directory itself otherwise."""
+    from workbench.model_dirs import resolve_model_dir
+
+    path = cfg.model.pretrained_path
+    if path is None:
+        return cfg
+    root = resolve_model_dir(path, field="model.pretrained_path").transformers_root
+    if root is None or Path(root) == Path(path):
+        return cfg
+    return cfg.with_overrides({"model.pretrained_path": str(root)})
+
+
 def run_plan_command(args: argparse.Namespace) -> int:
     """Print the plan for each chip; exit 0 all fit, 1 one does not, 2 a bad config or chip."""
     try:
-        cfg = load_config(args.config, list(args.overrides))
+        cfg = shape_config(load_config(args.config, list(args.overrides)))
         plans = [plan_chip(cfg, plan_target(name)) for name in args.chip or ["auto"]]
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
