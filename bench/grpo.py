@@ -1,7 +1,11 @@
 """GRPO against TRL's ``GRPOTrainer`` on plain CPU, and the workbench's rollout/training split on XLA:CPU.
 
-One Llama-shaped model built from a seed (`build_model`, random weights: its completions run to
-``--completion`` tokens, so both sides sample the same number), the shipped ``math-sample`` prompts
+One Llama-shaped model built from a seed (`build_model`) and fine-tuned first for ``--sft-steps``
+steps on math-sample's worked solutions (plain CPU, in a process of its own; the same starting weights
+for every trainer), so its completions end on their own, mostly well before ``--completion`` tokens:
+both trainers stop sampling once every row has ended (TRL's ``generate`` at once; the workbench at the
+next block of 16 decode steps) and train the completions' columns only. ``--sft-steps 0`` keeps the
+random weights, whose completions run to the budget. The shipped ``math-sample`` prompts
 (chat prompts, rendered with the workbench tokenizer's chat template and the generation prompt),
 LoRA r16 on the workbench's 'auto' targets, fp32, ``--generations`` G completions per prompt,
 ``--batch`` prompts per step (TRL's ``per_device_train_batch_size`` counts completions:
@@ -32,7 +36,7 @@ spaces or ``+-=#``), which varies within a group so every step has a gradient.
    (``bucketing.strategy=max``), ``--steps`` steps: programs compiled in warm-up and after it, the
    median step, ``rollout_s`` and ``train_s`` per step, rollout tokens/s, and the process's wall time.
 
-    .venv/bin/python bench/grpo.py [--hidden 128 --layers 2 --batch 4 --generations 8 --completion 32 --cpu-steps 8 --steps 6 --devices 1 --cpu-threads 1]
+    .venv/bin/python bench/grpo.py [--hidden 128 --layers 2 --batch 4 --generations 8 --completion 128 --sft-steps 60 --cpu-steps 8 --steps 6 --devices 1 --cpu-threads 1]
 
 ``--no-trl`` skips TRL, ``--no-xla`` part 2. Prints the tables and writes bench/results/grpo.json.
 """
@@ -91,6 +95,7 @@ def config(args: argparse.Namespace, *, xla: bool):
         "model.num_kv_heads": max(1, args.hidden // 64),
         "model.intermediate_size": args.hidden * 4,
         "model.tie_word_embeddings": False,
+        "model.attention": "eager",  # the same kernel on both sides (TRL runs the model as it is given)
         "data.source": "math-sample",
         "data.eval_fraction": 0,
         "data.max_length": PROMPT_LENGTH,
@@ -117,12 +122,53 @@ def config(args: argparse.Namespace, *, xla: bool):
 
 
 def prompts_and_model(args: argparse.Namespace, cfg):
-    """(prompt dataset, tokenizer, model): math-sample's prompts as GRPO reads them, the seeded model."""
+    """(prompt dataset, tokenizer, model): math-sample's prompts as GRPO reads them, and the model the
+    SFT variant saved (``--start``), else the seeded model."""
     from workbench.data.records import build_datasets
     from workbench.models.build import build_model
 
     train, _, tokenizer = build_datasets(cfg)
+    if args.start:
+        import transformers as tf
+
+        model = tf.AutoModelForCausalLM.from_pretrained(
+            args.start, dtype="float32", attn_implementation="eager"
+        )
+        return train, tokenizer, model
     return train, tokenizer, build_model(cfg.model, vocab_size=len(tokenizer), seed=0)
+
+
+def run_sft(args: argparse.Namespace) -> dict:
+    """The starting model: the seeded model fine-tuned on math-sample's worked solutions (chat records),
+    saved with its tokenizer to ``--start``."""
+    from workbench.data.records import build_datasets
+    from workbench.models.build import build_model
+    from workbench.train import Trainer
+
+    grpo = config(args, xla=False)
+    cfg = grpo.with_overrides(
+        {
+            "train.objective": "sft",
+            "lora.rank": 0,
+            "data.chat": True,
+            "data.max_length": PROMPT_LENGTH + 32,
+            "bucketing.strategy": "max",
+            "train.steps": args.sft_steps,
+            "train.batch_size": 16,
+            "train.learning_rate": 1e-2,
+            "train.warmup_steps": 5,
+            "train.log_every": args.sft_steps,
+        }
+    )
+    start = time.perf_counter()
+    _, _, tokenizer = build_datasets(cfg)
+    model = build_model(
+        cfg.model, vocab_size=len(tokenizer), seed=0
+    )  # the seeded model GRPO would start from
+    trainer = Trainer(cfg, model=model, tokenizer=tokenizer)
+    result = trainer.fit()
+    trainer.save_pretrained(args.start)
+    return {"variant": "sft", "final_loss": result.final_loss, "seconds": time.perf_counter() - start}
 
 
 def _workbench_split(history: list[dict]) -> dict:
@@ -358,7 +404,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=4, help="prompts per step (each brings G completions)")
     parser.add_argument("--generations", type=int, default=8, help="G: completions per prompt")
-    parser.add_argument("--completion", type=int, default=32, help="max_completion_length")
+    parser.add_argument("--completion", type=int, default=128, help="max_completion_length")
+    parser.add_argument(
+        "--sft-steps",
+        type=int,
+        default=60,
+        help="SFT steps on the worked solutions first (0: random weights)",
+    )
     parser.add_argument("--cpu-steps", type=int, default=8, help="steps of each trainer on plain CPU")
     parser.add_argument("--steps", type=int, default=6, help="steps of the XLA:CPU run")
     parser.add_argument("--devices", type=int, default=1, help="virtual XLA:CPU devices (above 1: mesh.data)")
@@ -369,6 +421,7 @@ def main() -> None:
     parser.add_argument("--no-trl", action="store_true", help="skip TRL (part 1 runs the workbench alone)")
     parser.add_argument("--no-xla", action="store_true", help="skip the XLA:CPU run (part 2)")
     parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--start", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     keys = (
         "hidden",
@@ -381,6 +434,7 @@ def main() -> None:
         "devices",
         "cpu_threads",
         "lr",
+        "sft_steps",
     )
     args.passthrough = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in keys]
     if args.variant:
@@ -389,7 +443,9 @@ def main() -> None:
 
             torch.set_num_threads(args.cpu_threads)
         try:
-            if args.variant == SIDE_BY_SIDE[0]:
+            if args.variant == "sft":
+                row = run_sft(args)
+            elif args.variant == SIDE_BY_SIDE[0]:
                 row = run_trl(args)
             else:
                 row = run_workbench(args, xla=args.variant == XLA_VARIANT)
@@ -399,11 +455,19 @@ def main() -> None:
         print_row(row)
         return
     start = time.perf_counter()
+    work = tempfile.mkdtemp(prefix="grpo-bench-")
+    sft = None
+    if args.sft_steps:
+        args.start = str(Path(work) / "sft")
+        args.passthrough.append(f"--start={args.start}")
+        sft = _run(args, "sft")
     side = [_run(args, name) for name in SIDE_BY_SIDE[1 if args.no_trl else 0 :]]
     xla = None if args.no_xla else _run(args, XLA_VARIANT)
+    start_from = f"after {args.sft_steps} SFT steps" if args.sft_steps else "random weights"
     shape = (
-        f"llama hidden {args.hidden} x {args.layers} layers, LoRA r{LORA_RANK}, fp32; math-sample prompts, "
-        f"{args.batch} prompts x G={args.generations} completions of {args.completion} tokens a step"
+        f"llama hidden {args.hidden} x {args.layers} layers ({start_from}), LoRA r{LORA_RANK}, fp32; "
+        f"math-sample prompts, {args.batch} prompts x G={args.generations} completions of at most "
+        f"{args.completion} tokens a step"
     )
     print(
         f"\nplain CPU, {args.cpu_threads or 'default'} torch thread(s), {args.cpu_steps} steps, {shape}; each trainer "
@@ -420,8 +484,10 @@ def main() -> None:
     wall = time.perf_counter() - start
     print(f"\nwall time {wall:.0f} s")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    kept = {k: v for k, v in vars(args).items() if k not in ("passthrough", "variant")}
-    RESULTS.write_text(json.dumps({"args": kept, "wall_s": wall, "side_by_side": side, "xla": xla}, indent=1))
+    kept = {k: v for k, v in vars(args).items() if k not in ("passthrough", "variant", "start")}
+    RESULTS.write_text(
+        json.dumps({"args": kept, "wall_s": wall, "sft": sft, "side_by_side": side, "xla": xla}, indent=1)
+    )
     print(f"wrote {RESULTS.relative_to(REPO)}")
 
 

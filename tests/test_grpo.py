@@ -6,8 +6,10 @@ the time (plain CPU); GRPO with `digit_reward` must then raise the held-out gree
 about 0 to 1. On 8 XLA:CPU devices (data x fsdp x model = 2 x 2 x 2, LoRA) one scenario run
 (``tests/xla/grpo_training.py``) checks the learning, 0 compiles after warm-up and the transfers
 (one read per rollout, one per eval batch, nothing else), then mu = 2 (the sampler's log-probs as the
-old ones, equal to a forward of the training program) and beta > 0. On plain CPU: a short run, a
-reward function that raises, ``module:function`` rewards from the config and the CLI.
+old ones, equal to a forward of the training program) and beta > 0. Under torchrun (2 gloo ranks,
+``tests/dist/grpo.py``) the same learning on FSDP2 and a short DDP run, each rank rolling out its own
+prompts. On plain CPU: a short run, a reward function that raises, ``module:function`` rewards from
+the config and the CLI.
 """
 
 from __future__ import annotations
@@ -71,10 +73,10 @@ def test_mu_above_one_reuses_each_rollout_with_the_samplers_log_probs(mesh_run):
     run = mesh_run["mu2"]
     history = run["history"]
     assert run["compiles_after_warmup"] == 0, run
-    # grad_accum 2: a rollout (one read) per micro-batch, every second step; the step that reuses
-    # them samples nothing
-    assert [m["transfers"] for m in history] == [2, 0, 2, 0], history
-    assert [m["expected_transfers"] for m in history] == [2, 0, 2, 0]
+    # grad_accum 2: one rollout (one read) samples both micro-batches' prompts (steps_per_generation
+    # = grad_accum), every second step; the step that reuses them samples nothing
+    assert [m["transfers"] for m in history] == [1, 0, 1, 0], history
+    assert [m["expected_transfers"] for m in history] == [1, 0, 1, 0]
     assert history[0]["completion_length"] is not None
     assert [m["reward_mean"] is None for m in history] == [False, True, False, True]
     assert all(math.isfinite(m["loss"]) for m in history)
@@ -95,6 +97,46 @@ def test_beta_above_zero_adds_the_kl_to_the_adapters_off_reference(mesh_run):
     )  # fresh adapters: the policy is the reference
     assert all(math.isfinite(m["loss"]) for m in history)
     assert [m["transfers"] for m in history] == [1, 1, 1]
+
+
+# ---- torchrun: one process per device ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rank_runs(sft_dir, tmp_path_factory) -> dict:
+    """`tests/dist/grpo.py` under torchrun with 2 gloo ranks: the learning run on FSDP2, then DDP."""
+    import json
+
+    from tests.test_distributed import Launch, dist_env, succeeded, torchrun
+
+    root = tmp_path_factory.mktemp("grpo-ranks")
+    out = root / "ranks.json"
+    command = torchrun(2, "-m", "tests.dist.grpo", str(out), sft_dir, "fsdp_learning", "ddp_short")
+    succeeded(Launch(command, root / "logs", dist_env()).wait(), "GRPO under torchrun")
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_grpo_under_torchrun_raises_the_reward_each_rank_rolling_out_its_own_prompts(rank_runs):
+    run = rank_runs["fsdp_learning"]
+    assert (run["strategy"], run["world_size"]) == ("fsdp", 2)
+    evals = [m["eval_reward_mean"] for m in run["history"]]
+    assert run["before"] <= 0.3 and evals[-1] >= 0.8, (run["before"], evals)
+    assert all(math.isfinite(m["loss"]) for m in run["history"])
+    # each rank sampled its own half of every step's 8 prompts (whole groups), none twice
+    first, second = run["sampled"]
+    assert len(first) == len(second) == 20 and all(len(a) == len(b) == 4 for a, b in zip(first, second))
+    assert all(set(a).isdisjoint(b) for a, b in zip(first, second))
+
+
+@pytest.mark.slow
+def test_grpo_under_ddp_takes_a_generation_for_two_micro_steps(rank_runs):
+    run = rank_runs["ddp_short"]
+    assert (run["strategy"], run["world_size"]) == ("ddp", 2)
+    # one rollout of both micro-steps' prompts (4 per rank), trained twice (mu = 2)
+    assert [len(r) for r in run["sampled"][0]] == [8] and [len(r) for r in run["sampled"][1]] == [8]
+    assert [m["reward_mean"] is None for m in run["history"]] == [False, True]
+    assert all(math.isfinite(m["loss"]) for m in run["history"])
 
 
 # ---- plain CPU (the GPU/CPU fallback) ---------------------------------------------------------
@@ -150,7 +192,7 @@ def test_grpo_runs_on_plain_cpu_with_rewards_named_in_the_config(sft_dir, prompt
 
     data = trainer.data
     host = next(iter(data.loader(data.train_dataset, 2)[0]))
-    batch, _ = data.rollouts.run(host, 7)
+    (batch,), _, _ = data.rollouts.run([host], 7)
     with torch.no_grad():
         forward = trainer.objective.policy_logps(trainer.model, batch)
     gap = ((forward - batch["old_logps"]).abs() * batch["completion_mask"]).max()

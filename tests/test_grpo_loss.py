@@ -49,7 +49,9 @@ def rollout_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
     return {"logps": logps, "old": old, "ref": ref, "advantages": advantages, "mask": mask}
 
 
-def trl_grpo_loss(t: dict[str, torch.Tensor], logps: torch.Tensor, *, loss_type, beta, epsilon, epsilon_high):
+def trl_grpo_loss(
+    t: dict[str, torch.Tensor], logps: torch.Tensor, *, loss_type, beta, epsilon, epsilon_high, level="token"
+):
     """TRL's ``GRPOTrainer._compute_loss`` on `logps` (its model's log-probs replaced by them), with
     one process, no accumulation and every optional feature off; returns (loss, its logged metrics)."""
     from trl import GRPOTrainer
@@ -60,7 +62,7 @@ def trl_grpo_loss(t: dict[str, torch.Tensor], logps: torch.Tensor, *, loss_type,
         aux_loss_enabled=False,
         top_entropy_quantile=1.0,
         off_policy_mask_threshold=None,
-        importance_sampling_level="token",
+        importance_sampling_level=level,
         beta=beta,
         args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
         loss_type=loss_type,
@@ -89,14 +91,17 @@ def trl_grpo_loss(t: dict[str, torch.Tensor], logps: torch.Tensor, *, loss_type,
     return loss, {k: v[-1] for k, v in metrics["train"].items()}
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])  # sequence: GSPO
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 @pytest.mark.parametrize(("beta", "epsilon_high"), [(0.0, 0.2), (0.04, 0.28)])
-def test_the_loss_and_its_gradient_equal_trls(loss_type, beta, epsilon_high):
+def test_the_loss_and_its_gradient_equal_trls(loss_type, beta, epsilon_high, level):
     pytest.importorskip("trl")
     t = rollout_tensors()
+    if level == "sequence":  # a policy moved per completion, so some sequence ratios pass the clip too
+        t["old"] = t["old"] + torch.tensor([-0.3, 0.5, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)[:, None]
     theirs_logps = t["logps"].clone().requires_grad_(True)
     theirs, logged = trl_grpo_loss(
-        t, theirs_logps, loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=epsilon_high
+        t, theirs_logps, loss_type=loss_type, beta=beta, epsilon=0.2, epsilon_high=epsilon_high, level=level
     )
     theirs.backward()
 
@@ -110,6 +115,7 @@ def test_the_loss_and_its_gradient_equal_trls(loss_type, beta, epsilon_high):
         epsilon_low=0.2,
         epsilon_high=epsilon_high,
         beta=beta,
+        importance_sampling_level=level,
     )
     loss_sum, count = grpo_loss_sums(terms["per_token_loss"], t["mask"], loss_type, MAX_COMPLETION)
     ours = loss_sum / count
@@ -119,7 +125,11 @@ def test_the_loss_and_its_gradient_equal_trls(loss_type, beta, epsilon_high):
     assert torch.allclose(ours_logps.grad, theirs_logps.grad, atol=1e-6, rtol=0)
     assert ours_logps.grad.abs().sum() > 0
     mask = t["mask"]
-    clipped = float((terms["is_clipped"].double() * mask).sum() / mask.sum())
+    if level == "sequence":  # one ratio per completion: TRL's mean over completions
+        assert terms["is_clipped"].shape == (ROWS, 1)
+        clipped = float(terms["is_clipped"].double().mean())
+    else:
+        clipped = float((terms["is_clipped"].double() * mask).sum() / mask.sum())
     assert clipped == pytest.approx(logged["clip_ratio/region_mean"], abs=1e-6)
     assert 0 < clipped < 1  # the test's ratios reach past the clip on both sides
     if beta:
@@ -299,6 +309,51 @@ def test_xla_the_objective_compiles_once_per_shape_and_reads_nothing(xla_scenari
     assert result["compiles"] == [1, 0]  # the second batch of the shape runs the first one's program
     assert result["transfers"] == [0, 0]
     assert result["xla_loss"] == pytest.approx(result["cpu_loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_log_probs_in_chunks_of_positions_equal_the_whole_logits(lora_policy, loss_type, level):
+    """β > 0 and μ > 1 (old log-probs from the batch): the loss, its stats and every LoRA gradient are
+    those of the unchunked objective (the head on every completion position at once) and of the
+    logits of the whole rows (today's TRL way), within 1e-5 relative."""
+    from workbench.train.objective import LossChunking
+
+    batch = {**rollout_batch(seed=2), "old_logps": torch.full((4, 5), -5.0)}
+    settings = GRPOConfig(
+        beta=0.05,
+        num_iterations=2,
+        loss_type=loss_type,
+        max_completion_length=5,
+        temperature=0.7,
+        importance_sampling_level=level,
+    )
+    runs = {}
+    for name, setting in (("whole", 0), ("chunked", 8)):  # 8 tokens / 4 rows: chunks of 2 positions
+        notices: list[str] = []
+        objective = GRPOObjective(settings, LossChunking(setting), notices.append)
+        lora_policy.zero_grad(set_to_none=True)
+        out = objective(lora_policy, batch)
+        out["loss_sum"].backward()
+        grads = {n: p.grad.clone() for n, p in lora_policy.named_parameters() if p.grad is not None}
+        runs[name] = (out, grads, notices)
+    lora_policy.zero_grad(set_to_none=True)
+    (whole, whole_grads, _), (chunked, chunked_grads, notices) = runs["whole"], runs["chunked"]
+    assert notices and "chunks of 2 positions" in notices[0]
+    loss = float(whole["loss_sum"].detach())
+    assert float(chunked["loss_sum"].detach()) == pytest.approx(loss, rel=1e-5)
+    for name in ("clip_ratio", "kl"):
+        assert float(chunked["stats"][name]) == pytest.approx(float(whole["stats"][name]), rel=1e-5, abs=1e-7)
+    assert set(chunked_grads) == set(whole_grads) and all("lora_" in n for n in whole_grads)
+    for name, grad in whole_grads.items():
+        gap = (chunked_grads[name] - grad).norm() / grad.norm()
+        assert gap < 1e-5, (name, float(gap))
+    # the whole rows' logits (every position, TRL's `selective_log_softmax` way) give the same log-probs
+    with torch.no_grad():
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        full = completion_logps(lora_policy(**inputs).logits, batch["input_ids"], 5, 0.7)
+        ours = GRPOObjective(settings, LossChunking(8)).policy_logps(lora_policy, batch)
+    assert torch.allclose(ours, full, atol=1e-6)
 
 
 def test_beta_without_adapters_is_refused():

@@ -77,6 +77,7 @@ LAYERS: dict[str, Layer] = {
             "eval_setup",
             "export_command",
             "publish",
+            "plan_command",
             "interrupt",
             "config_command",
             "doctor",

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {info,doctor,config,smoke,demo,generate,eval,train,export,push}``."""
+"""Command line: ``python -m workbench {info,doctor,config,plan,smoke,demo,generate,eval,train,export,push}``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.config_command import add_config_arguments
     from workbench.doctor.command import add_doctor_arguments
     from workbench.eval_command import add_eval_arguments
+    from workbench.plan_command import add_plan_arguments
     from workbench.run import add_train_arguments
 
     parser = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
@@ -36,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
             description="Print the config --config FILE with KEY=VALUE overrides resolves to, each value with "
             "where it came from, or with --explain KEY one key's type, default, allowed values and meaning; "
             "exit 0 done, 2 bad config, override or key.",
+        )
+    )
+    add_plan_arguments(
+        sub.add_parser(
+            "plan",
+            help="will the config fit: the memory estimate per device, the largest batch, warm-up's programs",
+            description="Plan --config FILE with KEY=VALUE overrides for each --chip: the estimate's breakdown "
+            "per device (GRPO: the rollout's and the step's peaks), whether it fits, the largest batch that "
+            "fits and the programs warm-up compiles; exit 0 fits, 1 does not fit, 2 bad config or chip.",
         )
     )
     smoke = sub.add_parser("smoke", help="train a tiny causal LM for a few steps; non-zero exit on failure")
@@ -112,10 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse `argv`; ``train``, ``eval``, ``doctor`` and ``config`` take KEY=VALUE overrides before, between or after their options."""
+    """Parse `argv`; ``train``, ``eval``, ``doctor``, ``config`` and ``plan`` take KEY=VALUE overrides before, between or after their options."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command in ("train", "doctor", "eval", "config") and not any(a.startswith("-") for a in extra):
+    commands = ("train", "doctor", "eval", "config", "plan")
+    if args.command in commands and not any(a.startswith("-") for a in extra):
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -146,6 +157,10 @@ def _command(argv: list[str] | None) -> int:
             from workbench.config_command import run_config_command
 
             return run_config_command(args)
+        if args.command == "plan":
+            from workbench.plan_command import run_plan_command
+
+            return run_plan_command(args)
         if args.command == "info":
             print(_info(detect(args.device_type), as_json=args.json, device_type=args.device_type))
             return 0

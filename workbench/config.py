@@ -39,7 +39,13 @@ from workbench.config_parse import (
     yaml_problem,
 )
 from workbench.models.families import FAMILY_NAMES
-from workbench.rl.settings import GRPOConfig, validate_grpo, validate_grpo_run
+from workbench.rl.settings import (  # noqa: F401 (the generation batch: public here too, for the estimate)
+    GRPOConfig,
+    keeps_old_logps,
+    steps_per_generation,
+    validate_grpo,
+    validate_grpo_run,
+)
 from workbench.units import duration_or_none, duration_with_unit
 
 ModelFamily = Literal[FAMILY_NAMES]  # type: ignore[valid-type]

@@ -1,6 +1,8 @@
 """The decoder behind `workbench.generate`: a static KV cache, a prefill and one fixed-shape decode
 step, with every per-row value (tokens, ends, lengths, log-probs) a device tensor advanced inside
-the step, so decoding needs no host read and XLA compiles each program once.
+the step, so decoding needs no host read and XLA compiles each program once. On an eager backend
+(CPU, CUDA), where shapes compile nothing, the cache grows with the tokens instead (transformers'
+`DynamicCache`), so each step's attention reads only the positions written.
 
 `Decoder.decode` runs one batch of left-padded rows already on the device and returns their
 `DecodeState`; `Decoder.run` (what `generate` calls) pads token-id lists and reads the tokens back
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,10 @@ class DecodeState:
     before top-k/top-p (0 after a row's end); None unless asked for."""
     all_done: torch.Tensor | None = None
     """[] whether every row has ended: the one value the host reads during decoding."""
+    steps: int = 0
+    """Tokens chosen per row so far (the prefill's and the decode steps run): a host count, no read."""
+    reads: int = 0
+    """Reads of `all_done` the decoding made (one per block of `Decoder.stop_check_every` steps)."""
 
 
 class Decoder:
@@ -113,20 +119,30 @@ class Decoder:
         window: torch.Tensor | None = None,
         check_stops: bool = True,
         keep_logps: bool = False,
+        all_ended: Callable[[torch.Tensor], bool] | None = None,
     ) -> DecodeState:
         """Prefill `input_ids` [rows, bucket] and decode up to `new` tokens, all on the device.
 
         `mask` [rows, bucket + budget] is 0 on left padding only; `positions` [rows, bucket] the
         prompt's position ids. Every `stop_check_every` steps (when `check_stops`) the host reads
         whether all rows ended and stops then; without, exactly `new` steps run and nothing is read.
+        `all_ended` turns that flag (a device scalar) into the decision (default: its value; across
+        processes that decode in step, whether every process's rows ended).
         """
         rows, bucket = input_ids.shape
-        cache = static_cache(self.model, bucket + budget)
+        # traced (XLA): one static cache and mask of the whole budget, so every step is one program;
+        # eager: a cache that grows with the tokens, so attention reads only the positions written
+        grows = not self.xla
+        cache = dynamic_cache(self.model) if grows else static_cache(self.model, bucket + budget)
+
+        def seen(positions: int) -> torch.Tensor:
+            return mask[:, :positions] if grows else mask
+
         extra: dict[str, Any] = {}
         if self.cache_position:
             extra["cache_position"] = torch.arange(bucket, device=self.dev)
         prefill_extra = dict(extra, logits_to_keep=1) if self.logits_to_keep else extra
-        logits = self._forward(input_ids, mask, positions, cache, prefill_extra)
+        logits = self._forward(input_ids, seen(bucket), positions, cache, prefill_extra)
         state = DecodeState(
             out=torch.full((rows, budget), self.pad, dtype=torch.long, device=self.dev),
             step=torch.zeros((1,), dtype=torch.long, device=self.dev),
@@ -141,17 +157,22 @@ class Decoder:
         cache_pos = extra["cache_position"][-1:].clone() if self.cache_position else None
         token = self._record(*self.pick(logits, state), state)
         self._sync()
+        state.steps = 1
+        ended = all_ended or (lambda flag: bool(flag.cpu()))
         for i in range(1, new):
             due = check_stops and self.stop_check_every and i % self.stop_check_every == 0
-            if due and bool(state.all_done.cpu()):  # the one host read while decoding
-                break
+            if due:
+                state.reads += 1
+                if ended(state.all_done):  # the one host read while decoding, once per block
+                    break
             pos = pos + 1
             if cache_pos is not None:
                 cache_pos = cache_pos + 1
                 extra["cache_position"] = cache_pos
-            logits = self._forward(token[:, None], mask, pos, cache, extra)
+            logits = self._forward(token[:, None], seen(bucket + i), pos, cache, extra)
             token = self._record(*self.pick(logits, state), state)
             self._sync()
+            state.steps = i + 1
         return state
 
     def left_padded(
@@ -291,6 +312,14 @@ def static_cache(model: Any, max_cache_len: int) -> Any:
             f"layer_types={layers or None}): {err}. Set config.layer_types to 'full_attention'/"
             "'sliding_attention' entries (and config.sliding_window to the window), or upgrade transformers"
         ) from err
+
+
+def dynamic_cache(model: Any) -> Any:
+    """transformers' `DynamicCache` for `model` (sliding-window layers keep their window): the eager
+    backends' cache, which grows with the tokens decoded."""
+    import transformers as tf
+
+    return tf.DynamicCache(config=model.config)
 
 
 @contextlib.contextmanager

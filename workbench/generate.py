@@ -12,8 +12,10 @@ both run on the device inside each step).
 `sample_rollout(model, input_ids, attention_mask, ...)` is the sampler of reinforcement learning
 (GRPO): rows already left-padded on the host in, a `DeviceRollout` out, every field a device
 tensor (prompt + completion, their mask and positions, the sampled tokens' log-probs) laid out
-for a training forward; exactly `max_new_tokens` steps, no host read at all. `read_rollout` reads
-the completions back in one transfer; `prewarm_rollout` compiles a rollout's programs up front.
+for a training forward. It decodes in blocks of `block` steps (the one decode program run again),
+reads one "every row has ended" flag after each block and stops at the first where it is set;
+with ``block=0`` exactly `max_new_tokens` steps and no host read at all. `read_rollout` reads the
+completions back in one transfer; `prewarm_rollout` compiles a rollout's programs up front.
 The decoder itself (cache, prefill, decode step, token choice) is `workbench.decoding`.
 
 How every shape stays fixed, so XLA compiles each program once:
@@ -281,6 +283,11 @@ class DeviceRollout:
     """[rows] long: tokens per completion, its ending token included."""
     finished: torch.Tensor
     """[rows] bool: the row ended on an end-of-sequence token (False: cut at `max_new_tokens`)."""
+    decode_steps: int = 0
+    """Tokens chosen per row (the prefill's and the decode steps run): `max_new_tokens`, or fewer when
+    every row ended before (a host count)."""
+    flag_reads: int = 0
+    """Host reads of the "every row has ended" flag (one per block decoded)."""
 
 
 RowSharding = Callable[[torch.Tensor], torch.Tensor]
@@ -302,13 +309,22 @@ def sample_rollout(
     seed: int = 0,
     row_sharding: RowSharding | None = None,
     keep_logps: bool = True,
+    block: int = 0,
+    all_ended: Callable[[torch.Tensor], bool] | None = None,
+    trim: bool = False,
 ) -> DeviceRollout:
     """Sample one completion per row of `input_ids` [rows, P] (host, left-padded, `attention_mask`
     0 on the padding) on the model's device, and return them as a `DeviceRollout`.
 
-    Exactly `max_new_tokens` tokens are chosen (the prefill's and ``max_new_tokens - 1`` decode
-    steps), with no host read (no early stop: a row that ended on `eos_token_id` gets the pad id
-    after it); the only transfers are the inputs going to the device.
+    Up to `max_new_tokens` tokens are chosen (the prefill's and ``max_new_tokens - 1`` decode steps;
+    a row that ended on `eos_token_id` gets the pad id after it). With `block` > 0 and an
+    `eos_token_id`, after every `block` decode steps one flag is read, whether every row has ended
+    (`all_ended` turns it into the decision: by default its value), and decoding stops at the first
+    block where it is set; the steps are the one decode program either way, so stopping early
+    compiles nothing. With ``block=0`` nothing is read: the only transfers are the inputs going to
+    the device. `trim` (eager backends, where a new shape compiles nothing) cuts the completion
+    columns to the tokens chosen; otherwise they stay the cache budget's, so the training programs
+    keep their shapes.
     The rows are fixed by the caller, so on XLA the programs are one prefill, one decode step and
     one that lays out the result per prompt length ``P`` (plus a sliding window's edges, module
     docstring). `temperature` 0 is greedy; above 0 samples from the device RNG seeded by `seed`
@@ -328,10 +344,20 @@ def sample_rollout(
         eos_token_id,
         pad_token_id,
     )
-    decoder = Decoder(model, None, int(input_ids.shape[0]), 0, **options)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise ValueError(f"block={block!r} is not allowed: an int >= 0 (0: decode every step, read nothing)")
+    decoder = Decoder(model, None, int(input_ids.shape[0]), block, **options)
     with inference(model), seeded(decoder, seed):
         return _rollout(
-            decoder, input_ids, attention_mask, max_new_tokens, max_new_tokens, row_sharding, keep_logps
+            decoder,
+            input_ids,
+            attention_mask,
+            max_new_tokens,
+            max_new_tokens,
+            row_sharding,
+            keep_logps,
+            all_ended=all_ended,
+            trim=trim,
         )
 
 
@@ -438,8 +464,12 @@ def _rollout(
     steps: int,
     row_sharding: RowSharding | None,
     keep_logps: bool,
+    *,
+    all_ended: Callable[[torch.Tensor], bool] | None = None,
+    trim: bool = False,
 ) -> DeviceRollout:
-    """`steps` decode steps of a `max_new_tokens` rollout, laid out as a `DeviceRollout` and synced."""
+    """Up to `steps` decode steps of a `max_new_tokens` rollout (fewer when the decoder stops at a
+    block where every row ended), laid out as a `DeviceRollout` and synced."""
     place = row_sharding or (lambda t: t.to(decoder.dev))
     rows, prompt_len = input_ids.shape
     budget = cache_budget(max_new_tokens)
@@ -448,20 +478,32 @@ def _rollout(
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # as model.generate numbers them
     ids_dev, mask_dev = place(input_ids.long()), place(cache_mask)
     state = decoder.decode(
-        ids_dev, mask_dev, place(positions), budget, steps, check_stops=False, keep_logps=keep_logps
+        ids_dev,
+        mask_dev,
+        place(positions),
+        budget,
+        steps,
+        check_stops=decoder.stop_check_every > 0,
+        keep_logps=keep_logps,
+        all_ended=all_ended,
     )
-    columns = torch.arange(budget, device=decoder.dev)
+    width = state.steps if trim else budget  # the columns past the last token chosen are padding
+    out = state.out[:, :width] if trim else state.out
+    logps = state.logps[:, :width] if trim and state.logps is not None else state.logps
+    columns = torch.arange(width, device=decoder.dev)
     completion_mask = (columns[None, :] < state.lengths[:, None]).long()
     full_mask = torch.cat([mask_dev[:, :prompt_len], completion_mask], dim=1)
     rollout = DeviceRollout(
-        sequences=torch.cat([ids_dev, state.out], dim=1),
+        sequences=torch.cat([ids_dev, out], dim=1),
         attention_mask=full_mask,
         position_ids=(full_mask.cumsum(-1) - 1).clamp(min=0),
-        completion_ids=state.out,
+        completion_ids=out,
         completion_mask=completion_mask.float(),
-        logps=state.logps,
+        logps=logps,
         lengths=state.lengths,
         finished=state.done,
+        decode_steps=state.steps,
+        flag_reads=state.reads,
     )
     if decoder.xla:
         runtime.sync()  # the layout as its own small program, so the caller's next graph starts clean

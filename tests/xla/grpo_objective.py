@@ -1,6 +1,7 @@
 """The GRPO objective on XLA:CPU (tests/test_grpo_loss.py): a LoRA policy's loss with its
-adapters-off reference (beta > 0) and old log-probs (μ > 1), forward and backward on rollout-shaped
-batches; the second step of a shape compiles nothing and reads nothing, and the loss equals the CPU's.
+adapters-off reference (beta > 0) and old log-probs (μ > 1), its log-probs in chunks of 2 positions
+(chained on XLA), forward and backward on rollout-shaped batches; the second step of a shape compiles
+nothing and reads nothing, and the loss equals the CPU's unchunked one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from workbench.models.build import build_model
 from workbench.rl.loss import GRPOObjective
 from workbench.rl.settings import GRPOConfig
 from workbench.train.lora import apply_lora
+from workbench.train.objective import LossChunking
 
 
 def main() -> dict[str, Any]:
@@ -25,10 +27,11 @@ def main() -> dict[str, Any]:
     policy = apply_lora(
         build_model(tiny("llama", vocab_size=256), seed=0).float(), LoraConfig(rank=4), seed=0
     )
-    objective = GRPOObjective(GRPOConfig(beta=0.04, num_iterations=2, epsilon_high=0.28, loss_type="dapo"))
+    settings = GRPOConfig(beta=0.04, num_iterations=2, epsilon_high=0.28, loss_type="dapo")
     cpu_batch = {**rollout_batch(), "old_logps": torch.full((4, 5), -5.0)}
     with torch.no_grad():
-        cpu_loss = objective(policy, cpu_batch)["loss_sum"].item()
+        cpu_loss = GRPOObjective(settings, LossChunking(0))(policy, cpu_batch)["loss_sum"].item()
+    objective = GRPOObjective(settings, LossChunking(8))  # 8 tokens of 4 rows: chunks of 2 positions
     policy.to(dev)
     losses, compiles, transfers = [], [], []
     for seed in (0, 1):  # the same shapes, other values

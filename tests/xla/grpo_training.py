@@ -64,7 +64,7 @@ def _logps_agreement(trainer: Trainer) -> float:
     data = trainer.data
     loader, _ = data.loader(data.train_dataset, trainer.cfg.train.batch_size)
     host = next(iter(loader))
-    batch, _ = data.rollouts.run(host, 123)
+    (batch,), _, _ = data.rollouts.run([host], 123)
     with torch.no_grad():
         forward = trainer.objective.policy_logps(trainer.model, batch)
     mask = batch["completion_mask"]

@@ -496,12 +496,12 @@ def estimate(
     chunk = loss_chunk_length(
         loss_chunk_tokens,
         rows=rows,
-        length=seq_len,
+        # GRPO's objective takes the head at the completion's positions only, chunked by the same rule
+        length=rollout.completion_positions if rollout is not None else seq_len,
         vocab=shape.vocab,
         memory_bytes=memory_bytes,
         model_parallel=mp,
     )
-    chunk = None if rollout is not None else chunk  # GRPO's objective takes every position's logits at once
     if quantize == "int4" and qmats:
         # blockwise int4 is dequantized to the compute dtype right before its matmul, one layer's
         # weight at a time (again in the backward pass, never saved between them): the largest one.
@@ -528,7 +528,7 @@ def estimate(
     # freed: the peak holds the larger of the two (measured on XLA:CPU at 2048 and 4096 tokens,
     # tests/xla/attention_estimate.py), so only their excess over the logits term is added
     if rollout is not None:
-        logits = grpo_logits_bytes(rows, seq_len, rollout.completion_positions, shape.vocab, mp)
+        logits = grpo_logits_bytes(rows, rollout, shape.vocab, mp, chunk, frozen_head=bool(lora_rank))
     else:
         logits = logits_bytes(rows=rows, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp)
     transient = math.ceil(tokens * act["attention_transient"] * 4)
@@ -563,7 +563,7 @@ def estimate(
             model_parallel=mp,
             training_transient_bytes=transient,
         )
-        breakdown.update(parts, inputs=grpo_input_bytes(rows, prompt_length, rollout.completion_positions))
+        breakdown.update(parts, inputs=grpo_input_bytes(rows, prompt_length, rollout))
 
     return MemoryEstimate(
         total_bytes=int(sum(breakdown.values())),

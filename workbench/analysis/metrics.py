@@ -149,6 +149,12 @@ class RunMetrics(IntervalMetrics):
     """GRPO: share of the interval's completions cut at ``grpo.max_completion_length`` (still going
     when the budget ran out; TRL's ``completions/clipped_ratio``). Above 0.5 the run says so and
     names the key to raise: a cut completion's reward judges an unfinished answer."""
+    completion_length_max: int | None
+    """GRPO: the longest sampled completion of the interval, in tokens (TRL's ``completions/max_length``)."""
+    rollout_decode_steps: float | None
+    """GRPO: tokens each rollout decoded per row, averaged over the interval's rollouts: the completion
+    budget (``grpo.max_completion_length``) when some completion ran to it, fewer when every completion
+    had ended (the rollout checks once per block of decode steps)."""
     zero_std_groups: float | None
     """GRPO: share of the interval's groups (a prompt's ``grpo.num_generations`` completions) whose
     rewards were all equal, so their advantages are 0 and they teach nothing (TRL's
@@ -196,6 +202,8 @@ GRPO_KEYS: tuple[str, ...] = (
     "rewards",
     "completion_length",
     "clipped_ratio",
+    "completion_length_max",
+    "rollout_decode_steps",
     "clip_ratio",
     "kl",
     "zero_std_groups",

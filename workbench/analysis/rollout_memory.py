@@ -1,20 +1,23 @@
 """GRPO's memory (``train.objective: grpo``): the rollout's KV cache and the training rows of prompt + completion.
 
 A GRPO step samples ``grpo.num_generations`` G completions of each of its prompts on the device
-(`workbench.rl`), then trains on them. Per device, against a supervised step of ``batch_size``
-rows of ``data.max_length``:
+(`workbench.rl`), then trains on them. A rollout samples the prompts of ``grpo.steps_per_generation``
+micro-steps at once (the generation batch); each micro-step then trains ``batch_size x G`` of its
+rows. Per device, against a supervised step of ``batch_size`` rows of ``data.max_length``:
 
-- **Training rows.** ``batch_size x G`` rows (``train.batch_size`` counts prompts), each a prompt
-  left-padded to its bucket (at most ``data.max_length``) followed by the rollout's completion
-  budget: ``max_completion_length`` rounded up to 16 (`workbench.decoding.cache_budget`, the
-  sampler's fixed decode length). `workbench.analysis.estimate.estimate` prices the step's
+- **Training rows.** ``batch_size x G`` rows a micro-step (``train.batch_size`` counts prompts), each a
+  prompt left-padded to its bucket (at most ``data.max_length``) followed by the rollout's
+  completion budget: ``max_completion_length`` rounded up to 16 (`workbench.decoding.cache_budget`,
+  the sampler's fixed decode length). `workbench.analysis.estimate.estimate` prices the step's
   activations over those rows, its logits as the GRPO objective takes them (`grpo_logits_bytes`:
-  every position's, unchunked; the completions' in fp32 for the log-probs), and its inputs: ids,
-  attention mask and position ids (int64 over every position), the completion mask (fp32) and the
-  advantages.
-- **Old log-probs.** With ``grpo.num_iterations`` above 1 the rollout's per-token log-probs (fp32,
-  ``rows x completion budget``) are kept for its steps.
-- **The rollout.** transformers' `StaticCache` as `workbench.decoding.static_cache` lays it out:
+  the completion's positions only, in chunks of positions under ``train.loss_chunk_tokens``, the
+  next-token loss's rule), and its inputs: ids, attention mask and position ids (int64 over every
+  position), the completion mask (fp32) and the advantages, for every micro-step of the generation
+  (they live on the device until its last micro-step has trained).
+- **Old log-probs.** When a policy other than the sampler trains the rollout (μ > 1, or a
+  generation that outlives an optimizer step) the rollout's per-token log-probs (fp32, the
+  generation's rows x completion budget) are kept for its steps.
+- **The rollout**, at the generation batch's rows: transformers' `StaticCache` as `workbench.decoding.static_cache` lays it out:
   each layer keeps keys and values of ``rows x kv heads x positions x head_dim`` (kv heads split
   over the mesh's model axis), positions = prompt bucket + completion budget, a sliding-window
   layer only its window. Its precision is the weights' (fp32 under fp32 and bf16-mixed, bf16 under
@@ -46,9 +49,12 @@ sampler rounds its cache (`workbench.decoding.CACHE_MULTIPLE`; tests/test_rollou
 SAMPLER_VOCAB_COPIES = 4
 """Vocabulary-wide fp32 rows a decode step holds per completion: the logits, the temperature-scaled
 logits, their softmax and the sorted copy top-p filters."""
+FROZEN_HEAD_COPIES = 2
+"""Vocabulary-wide fp32 tensors a completion position holds in the GRPO step's logits under a frozen
+head (LoRA): the logits (recomputed per chunk in the backward pass) and their gradient."""
 ROLLOUT_MEANINGS: dict[str, str] = {
     "rollout": "GRPO's rollout: the KV cache and the sampler's buffers, beyond the training step's activations and logits",
-    "old_logps": "GRPO: the rollout's per-token log-probs, kept for grpo.num_iterations > 1",
+    "old_logps": "GRPO: the rollout's per-token log-probs, kept when another policy trains them (num_iterations > 1, or a generation that outlives an optimizer step)",
 }
 """The breakdown parts a GRPO step adds (`workbench.analysis.estimate.BREAKDOWN_MEANINGS`), in display order."""
 
@@ -62,7 +68,17 @@ class RolloutPlan:
     max_completion_length: int
     """Most tokens sampled per completion (``grpo.max_completion_length``)."""
     num_iterations: int = 1
-    """Optimizer steps per rollout (``grpo.num_iterations``): above 1 the old log-probs are kept."""
+    """Times each rollout is trained (``grpo.num_iterations``)."""
+    steps_per_generation: int = 1
+    """Micro-steps whose prompts one rollout samples (`workbench.config.steps_per_generation`): the
+    rollout's rows are this many micro-batches'."""
+    old_logps: bool | None = None
+    """Whether the rollout's log-probs are kept (`workbench.config.keeps_old_logps`); None: when
+    `num_iterations` is above 1."""
+
+    @property
+    def keeps_old_logps(self) -> bool:
+        return self.num_iterations > 1 if self.old_logps is None else bool(self.old_logps)
 
     @property
     def completion_positions(self) -> int:
@@ -74,8 +90,16 @@ def rollout_plan(cfg: Any) -> RolloutPlan | None:
     """The `RolloutPlan` of a `WorkbenchConfig` under ``train.objective: grpo``; None for any other objective."""
     if cfg.train.objective != "grpo":
         return None
+    from workbench.config import keeps_old_logps, steps_per_generation
+
     grpo = cfg.grpo
-    return RolloutPlan(grpo.num_generations, grpo.max_completion_length, grpo.num_iterations)
+    return RolloutPlan(
+        grpo.num_generations,
+        grpo.max_completion_length,
+        grpo.num_iterations,
+        steps_per_generation=steps_per_generation(cfg),
+        old_logps=keeps_old_logps(cfg),
+    )
 
 
 @dataclass(frozen=True)
@@ -83,7 +107,7 @@ class RolloutMemory:
     """A GRPO step's rollout per device, whole: what `MemoryEstimate.rollout` shows beside the breakdown."""
 
     rows: int
-    """Completions sampled and trained per device: prompts per device x G."""
+    """Completions sampled per device by one rollout: prompts per device x G x steps per generation."""
     prompt_length: int
     """The prompt bucket planned for (the longest: ``data.max_length``)."""
     completion_positions: int
@@ -149,12 +173,14 @@ def rollout_memory(
     model_parallel: int,
     training_transient_bytes: int,
 ) -> tuple[RolloutMemory, dict[str, int]]:
-    """The rollout of `rows` completions (per device) after prompts of `prompt_length`, and the breakdown
-    parts it adds (`ROLLOUT_MEANINGS`): the cache in the weights' precision (`param_bytes`), the prefill
-    layer in the compute precision, the old log-probs when the plan keeps them."""
+    """The rollout after prompts of `prompt_length` for a micro-step of `rows` training rows (per device;
+    the rollout samples `plan.steps_per_generation` times as many), and the breakdown parts it adds
+    (`ROLLOUT_MEANINGS`): the cache in the weights' precision (`param_bytes`), the prefill layer in the
+    compute precision, the old log-probs when the plan keeps them."""
     from workbench.analysis.estimate import activation_elements_per_token  # its formula, one layer's worth
 
     budget = plan.completion_positions
+    rows = rows * plan.steps_per_generation  # the generation batch
     cache = kv_cache_bytes(
         model_config,
         shape,
@@ -174,21 +200,36 @@ def rollout_memory(
         sampler_bytes=max(prefill, sampler),
         training_transient_bytes=training_transient_bytes,
     )
-    old_logps = rows * budget * 4 if plan.num_iterations > 1 else 0
+    old_logps = rows * budget * 4 if plan.keeps_old_logps else 0
     return memory, {"rollout": memory.excess_bytes, "old_logps": old_logps}
 
 
 def grpo_logits_bytes(
-    rows: int, length: int, completion_positions: int, vocab: int, model_parallel: int = 1
+    rows: int,
+    plan: RolloutPlan,
+    vocab: int,
+    model_parallel: int = 1,
+    chunk: int | None = None,
+    *,
+    frozen_head: bool = False,
 ) -> int:
-    """The GRPO objective's logits term (`workbench.rl.loss.completion_logps`): the head's logits at
-    every position of the row and their gradient (the completion slice's gradient is row-wide), and
-    the completions' fp32 copy and its log-softmax gradient; all fp32 (as the supervised term), no loss
-    chunks (the objective computes every position's logits at once)."""
-    return rows * max(1, vocab // max(1, model_parallel)) * (2 * length + 2 * completion_positions) * 4
+    """The GRPO objective's logits term (`workbench.rl.loss.GRPOObjective.policy_logps`): the head on the
+    completion's positions only (`plan`'s budget), a `chunk` of positions at a time when the loss is
+    chunked (None: all of them at once). A trained head holds the supervised term's four vocabulary-wide fp32 tensors a
+    position (`workbench.models.lm_head.logits_bytes`: logits, log-softmax and their gradients); a
+    frozen one (LoRA) `FROZEN_HEAD_COPIES` (the logits and their gradient: nothing feeds a weight
+    gradient), as XLA:CPU's memory analysis of the step shows (tests/xla/grpo_memory.py)."""
+    from workbench.models.lm_head import LOGITS_BYTES_PER_ELEMENT, logits_bytes
+
+    whole = logits_bytes(
+        rows=rows, positions=chunk or plan.completion_positions, vocab=vocab, model_parallel=model_parallel
+    )
+    return whole * FROZEN_HEAD_COPIES * 4 // LOGITS_BYTES_PER_ELEMENT if frozen_head else whole
 
 
-def grpo_input_bytes(rows: int, prompt_length: int, completion_positions: int) -> int:
-    """The training step's inputs built by a rollout: ids, attention mask and position ids (int64) over
-    every position, the completion mask (fp32) and the advantages (fp32)."""
-    return rows * ((prompt_length + completion_positions) * 3 * 8 + completion_positions * 4 + 4)
+def grpo_input_bytes(rows: int, prompt_length: int, plan: RolloutPlan) -> int:
+    """The training batches a rollout builds for its `plan.steps_per_generation` micro-steps of `rows`
+    rows (per device), live until the last has trained: ids, attention mask and position ids (int64)
+    over every position, the completion mask (fp32) and the advantages (fp32)."""
+    budget = plan.completion_positions
+    return plan.steps_per_generation * rows * ((prompt_length + budget) * 3 * 8 + budget * 4 + 4)

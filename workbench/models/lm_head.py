@@ -15,6 +15,10 @@ slice recomputed in the backward pass, so at most one chunk's logits exist.
   sequence dimension with every row of the batch in each, so under SPMD each chunk stays split
   over the mesh's batch axes like the batch itself (the flattened token dimension is never
   sliced). With gradients each chunk is checkpointed; without (eval) a plain loop.
+- **Per-token values** (`chunked_columns`): a chunk's output is one value per position (GRPO's
+  completion log-probs), the chunks' outputs set side by side (``[B, L]``, small) rather than
+  summed; the same checkpointing and chaining, so any function of them (a ratio, a clip, a
+  sequence mean) runs on ``[B, L]`` and only one chunk's logits ever exist.
 - **On XLA** the chunks are chained by data dependencies (`_ChainedCheckpoint`), or the compiler
   runs them side by side and saves nothing. The compiler's memory analysis of a training step
   (tests/xla/chunked_memory.py: vocabulary 32768, 2 x 256 tokens) gives 264.1 MiB of
@@ -302,6 +306,37 @@ def chunked_sums(
         totals = list(out) if totals is None else [a + b for a, b in zip(totals, out)]
     assert totals is not None
     return tuple(totals)
+
+
+def chunked_columns(loss: nn.Module, per_position: Sequence[torch.Tensor], positions: int) -> torch.Tensor:
+    """``loss(*chunk)`` ``[B, n]`` per chunk of `positions` positions of every ``[B, L, ...]`` tensor in
+    `per_position`, concatenated along the positions into ``[B, L]``: a per-position value (a
+    token's log-prob) whose vocabulary-wide intermediates exist for one chunk at a time.
+
+    As `chunked_sums`: with gradients each chunk is checkpointed (its logits recomputed in the
+    backward pass), on XLA chained to the previous chunk's output (`_ChainedCheckpoint`) so the
+    compiler runs them one after the other; without gradients a plain loop (chained on XLA).
+    """
+    length = per_position[0].shape[1]
+    grads = torch.is_grad_enabled() and (
+        any(t.requires_grad for t in per_position) or any(p.requires_grad for p in loss.parameters())
+    )
+    xla = per_position[0].device.type == "xla"
+    dep = None
+    if grads and xla and not any(t.requires_grad for t in per_position):
+        dep = torch.zeros((), device=per_position[0].device, requires_grad=True)  # as in `chunked_sums`
+    columns: list[torch.Tensor] = []
+    for start in range(0, length, positions):
+        chunk = [t[:, start : start + positions] for t in per_position]
+        if grads and xla:
+            (out,) = _ChainedCheckpoint.apply(loss, dep, *chunk)
+        elif grads:
+            out = torch.utils.checkpoint.checkpoint(loss, *chunk, use_reentrant=False)
+        else:
+            out = loss(*[_after(c, dep) if xla else c for c in chunk])
+        columns.append(out)
+        dep = out
+    return torch.cat(columns, dim=1)
 
 
 def chunked_ce_sum(head: LMHead, hidden: torch.Tensor, labels: torch.Tensor, positions: int) -> torch.Tensor:

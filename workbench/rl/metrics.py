@@ -43,6 +43,11 @@ class RolloutFigures:
     """Completions sampled (prompts x ``grpo.num_generations``)."""
     completion_tokens: int
     """Tokens generated over all completions, each up to and including its ending token."""
+    longest_completion: int
+    """The longest completion's tokens."""
+    decode_steps: int
+    """Tokens the sampler chose per row before it stopped: the completion budget, or fewer when every
+    completion had ended (it checks once per block of decode steps)."""
     zero_std_groups: float
     """Share of the rollout's groups whose rewards were all equal."""
     seconds: float
@@ -65,13 +70,15 @@ def rollout_figures(
     seconds: float,
     finished: Sequence[bool] | np.ndarray | None = None,
     sample: Sequence[dict[str, Any]] = (),
+    decode_steps: int = 0,
 ) -> RolloutFigures:
     """A rollout's `RolloutFigures` from what the host holds after scoring it: the total reward of each
     completion (in prompt order, a prompt's `num_generations` completions together; nan where no
     function scored it), each reward function's mean (`workbench.rl.rewards.RewardScores.per_function`),
     each completion's length in tokens, the share of zero-std groups
     (`workbench.rl.advantages.group_advantages`), the seconds, whether each completion ended before the
-    budget (`finished`; None: all did) and the completions kept as rows (`sample`)."""
+    budget (`finished`; None: all did), the completions kept as rows (`sample`) and the tokens decoded per
+    row (`decode_steps`)."""
     rewards = np.asarray(total_rewards, dtype=np.float64)
     if rewards.size == 0 or rewards.size % num_generations:
         raise ValueError(
@@ -90,6 +97,8 @@ def rollout_figures(
         rewards={name: float(value) for name, value in per_function.items()},
         completions=int(rewards.size),
         completion_tokens=int(np.sum(completion_lengths)),
+        longest_completion=int(np.max(completion_lengths)) if len(completion_lengths) else 0,
+        decode_steps=int(decode_steps),
         zero_std_groups=float(zero_std_groups),
         seconds=float(seconds),
         scored=int(scored.sum()),
@@ -107,7 +116,8 @@ def rollout_metrics(
     ``reward_mean`` is the mean over the interval's scored completions (None when none was scored);
     the reward's spread, per-function rewards and zero-std groups are means over the interval's
     rollouts (a function's mean over those where it scored something; None where it scored nothing);
-    ``completion_length`` and ``clipped_ratio`` are over its completions; ``rollout_s`` and
+    ``completion_length`` and ``clipped_ratio`` are over its completions, ``completion_length_max`` the
+    longest and ``rollout_decode_steps`` the mean tokens the sampler decoded per rollout; ``rollout_s`` and
     ``train_s`` are seconds per step; ``rollout_tokens_per_s`` is the completion tokens over the
     rollouts' seconds; ``completions`` the last rollout's rows kept (None when none were). An
     interval without a rollout has None for the figures of one.
@@ -128,6 +138,8 @@ def rollout_metrics(
         rewards={name: _mean(r.rewards.get(name, math.nan) for r in rollouts) for name in names},
         completion_length=tokens / max(1, completions),
         clipped_ratio=sum(r.clipped for r in rollouts) / max(1, completions),
+        completion_length_max=max(r.longest_completion for r in rollouts),
+        rollout_decode_steps=_mean(r.decode_steps for r in rollouts),
         zero_std_groups=_mean(r.zero_std_groups for r in rollouts),
         rollout_tokens_per_s=tokens / rollout_seconds if rollout_seconds > 0 else None,
         completions=list(rollouts[-1].sample) or None,

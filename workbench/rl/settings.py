@@ -53,7 +53,13 @@ class GRPOConfig:
     epsilon_high: float | None = None
     """Upper clip of the importance ratio; null: the same as epsilon. DAPO's clip-higher recommends 0.28."""
     num_iterations: int = 1
-    """mu: optimizer steps per rollout. Above 1 the old log-probs are the rollout's, kept for its mu steps, so the ratio and its clip act; at 1 the ratio is 1 (the old log-probs are the policy's own, detached)."""
+    """mu: times each rollout is trained (TRL's num_iterations). When a policy other than the sampler trains a rollout (mu > 1, or steps_per_generation x mu not dividing train.grad_accum) the old log-probs are the sampler's, kept with the rollout, so the ratio and its clip act; otherwise the ratio is 1 (the old log-probs are the policy's own, detached), as TRL's."""
+    steps_per_generation: int | None = None
+    """Micro-steps whose prompts one rollout samples together (TRL's name): a rollout of train.batch_size x steps_per_generation prompts x G rows, then trained train.batch_size prompts x G rows a micro-step, a group never split; null: train.grad_accum (one rollout per optimizer step). Give this or generation_batch_size, not both."""
+    generation_batch_size: int | None = None
+    """Completions one rollout samples, all devices together (TRL's name): train.batch_size x num_generations x steps_per_generation, so a multiple of train.batch_size x num_generations; null: from steps_per_generation. Give this or steps_per_generation, not both."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """The importance ratio per completion token ('token', GRPO) or per completion, the exp of its tokens' mean log-ratio ('sequence': GSPO), as TRL's importance_sampling_level."""
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = "dapo"
     """How token losses are averaged: 'grpo' (each completion's mean over its tokens, then the mean over completions: favours short right answers and long wrong ones), 'dr_grpo' (the sum over tokens divided by completions x max_completion_length: Dr. GRPO), 'dapo' (the mean over every completion token of the optimizer step: DAPO; TRL's default)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
@@ -81,6 +87,15 @@ def validate_grpo(obj: GRPOConfig, p: str) -> None:
     require(obj.num_generations >= 2, f"{p}num_generations", obj.num_generations, "must be >= 2 (a group)")
     for name in ("max_completion_length", "num_iterations", "length_target"):
         require(getattr(obj, name) >= 1, f"{p}{name}", getattr(obj, name), "must be >= 1")
+    for name in ("steps_per_generation", "generation_batch_size"):
+        value = getattr(obj, name)
+        require(value is None or value >= 1, f"{p}{name}", value, "must be >= 1 or null")
+    require(
+        obj.steps_per_generation is None or obj.generation_batch_size is None,
+        f"{p}generation_batch_size",
+        obj.generation_batch_size,
+        f"cannot be set with steps_per_generation={obj.steps_per_generation} (as in TRL): give one of them",
+    )
     require(obj.temperature > 0, f"{p}temperature", obj.temperature, "must be > 0")
     require(0.0 < obj.top_p <= 1.0, f"{p}top_p", obj.top_p, "must be in (0, 1]")
     require(obj.top_k >= 0, f"{p}top_k", obj.top_k, "must be >= 0 (0 turns top-k off)")
@@ -152,6 +167,15 @@ def validate_grpo_run(cfg: WorkbenchConfig) -> None:
         cfg.bucketing.packing,
         "must be false under train.objective=grpo: each prompt + completion is a row of its own",
     )
+    if grpo.generation_batch_size is not None:
+        micro = cfg.train.batch_size * grpo.num_generations
+        require(
+            grpo.generation_batch_size % micro == 0,
+            "grpo.generation_batch_size",
+            grpo.generation_batch_size,
+            f"must be a multiple of train.batch_size={cfg.train.batch_size} x grpo.num_generations="
+            f"{grpo.num_generations} = {micro} (a micro-step's completions): e.g. {micro * 2}",
+        )
     longest = cfg.data.max_length + grpo.max_completion_length
     positions = cfg.model.max_position_embeddings
     if longest > positions and cfg.model.pretrained_path is None:  # a checkpoint's positions are its own
@@ -171,6 +195,25 @@ def validate_grpo_run(cfg: WorkbenchConfig) -> None:
                     f"{', '.join(BUILTIN_REWARD_NAMES)}, or give 'module:function' (a function importable "
                     "from Python's path, with TRL's signature fn(prompts, completions, **columns))"
                 )
+
+
+def steps_per_generation(cfg: WorkbenchConfig) -> int:
+    """Micro-steps one rollout serves: ``grpo.steps_per_generation``, or ``grpo.generation_batch_size``
+    over a micro-step's completions, or (neither set) ``train.grad_accum``, as TRL resolves them."""
+    grpo = cfg.grpo
+    if grpo.steps_per_generation is not None:
+        return int(grpo.steps_per_generation)
+    if grpo.generation_batch_size is not None:
+        return max(1, int(grpo.generation_batch_size) // (cfg.train.batch_size * grpo.num_generations))
+    return max(1, int(cfg.train.grad_accum))
+
+
+def keeps_old_logps(cfg: WorkbenchConfig) -> bool:
+    """Whether a rollout's completions are trained by a policy other than the one that sampled them,
+    so the objective needs the sampler's log-probs as the old ones (TRL's rule): a rollout serves
+    ``steps_per_generation x num_iterations`` micro-steps, and unless those end with an optimizer
+    step (``train.grad_accum`` a multiple of them) some are trained after an update."""
+    return int(cfg.train.grad_accum) % (steps_per_generation(cfg) * int(cfg.grpo.num_iterations)) != 0
 
 
 def _compiles(pattern: str) -> bool:

@@ -15,9 +15,13 @@ interval that scored nothing stops the run (`NothingScoredError`, raised by the 
 and the eval's, through the same code path, then restores the state as `workbench.train.warmup` does.
 
 Prompt batches: ``train.batch_size`` prompts, each sampled ``grpo.num_generations`` times, so a step
-trains ``batch_size x G`` rows per micro-batch; those rows split over the mesh's data x fsdp axes (the
-rollout runs on the same mesh as the training step). An eval batch is ``batch_size x G`` prompts, each
-completed once: the same rows, so the eval's programs differ from the rollout's only by being greedy.
+trains ``batch_size x G`` rows per micro-batch; a rollout samples ``grpo.steps_per_generation``
+micro-batches' prompts at once (`workbench.rl.settings.steps_per_generation`). The rows split over
+the mesh's data x fsdp axes (the rollout runs on the same mesh as the training step), or under
+torchrun each rank rolls out its share of the prompts; either way every device holds whole groups
+(``train.batch_size`` a multiple of the data-parallel size, `check_grpo_run`). An eval batch is
+``batch_size x G`` prompts, each completed once, so its programs are the rollout's at one micro-step,
+greedy.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from typing import Any
 
 import torch
 
-from workbench.backend.protocol import OneProcess
 from workbench.data.loader import synthetic_batch
+from workbench.rl.merged_sampling import merges_for_sampling
 from workbench.rl.metrics import RolloutLog
 from workbench.rl.prompt_loader import PromptColumns, prompt_loader
 from workbench.rl.rollout import Rollouts, RolloutStream, row_sharding
+from workbench.rl.settings import keeps_old_logps, steps_per_generation
 from workbench.rl.traps import NothingScoredError, TrapNotices, interval_traps, nothing_scored
+from workbench.train.objective import LossChunking
 from workbench.train.step import EvalLoss
 from workbench.train.stream import HostStream, TrainingData
 
@@ -54,16 +60,35 @@ class RolloutData(TrainingData):
         rewards: Any,
         mesh: Any,
         eval_rewards: Any = None,
+        *,
+        replicas: Any = None,
+        eager: bool = False,
+        merge: bool = False,
     ) -> None:
         self.__dict__.update(vars(data))
         grpo = self.cfg.grpo
         self.generations = int(grpo.num_generations)
+        self.steps_per_generation = steps_per_generation(self.cfg)
         self.log = RolloutLog()
         """The rollouts' figures and training seconds since the last log step."""
         place = row_sharding(mesh, self.device)  # a mesh is torch_xla's SPMD: elsewhere None
-        common = dict(pad_token_id=self.pad_token_id, rows_sharding=place, backend=self.backend, mesh=mesh)
+        common = dict(
+            pad_token_id=self.pad_token_id,
+            rows_sharding=place,
+            backend=self.backend,
+            mesh=mesh,
+            replicas=replicas,
+            eager=eager,
+            merge=merge,
+        )
         self.rollouts = Rollouts(
-            model, tokenizer, grpo, rewards, PromptColumns(self.train_dataset, tokenizer), **common
+            model,
+            tokenizer,
+            grpo,
+            rewards,
+            PromptColumns(self.train_dataset, tokenizer),
+            old_logps=keeps_old_logps(self.cfg),
+            **common,
         )
         self.eval_rollouts = None
         if self.eval_dataset is not None:
@@ -110,6 +135,7 @@ class RolloutData(TrainingData):
             seed=int(train.seed),
             grad_accum=int(train.grad_accum),
             iterations=int(self.cfg.grpo.num_iterations),
+            steps_per_generation=self.steps_per_generation,
         )
         return self.current
 
@@ -139,10 +165,11 @@ class RolloutData(TrainingData):
         return result
 
 
-def grpo_objective(trainer: Any) -> torch.nn.Module:
-    """The GRPO objective of a `Trainer` whose model is placed; its data become `RolloutData` with the
-    run's `RewardSet` (``Trainer(cfg, rewards=[...])``: functions, built-in names or 'module:function'
-    strings, in place of ``grpo.reward_funcs``; weighted by ``grpo.reward_weights``)."""
+def grpo_objective(trainer: Any, chunking: LossChunking | None = None) -> torch.nn.Module:
+    """The GRPO objective of a `Trainer` whose model is placed, its log-probs in chunks of positions as
+    `chunking` (``train.loss_chunk_tokens`` for the run's devices) says; its data become `RolloutData`
+    with the run's `RewardSet` (``Trainer(cfg, rewards=[...])``: functions, built-in names or
+    'module:function' strings, in place of ``grpo.reward_funcs``; weighted by ``grpo.reward_weights``)."""
     from workbench.rl.loss import GRPOObjective
     from workbench.rl.rewards import RewardSet, resolve_reward_funcs
 
@@ -159,9 +186,25 @@ def grpo_objective(trainer: Any) -> torch.nn.Module:
         eval_rewards = RewardSet(
             resolve_reward_funcs(grpo.eval_reward_funcs, grpo, field="grpo.eval_reward_funcs")
         )
-    data = RolloutData(trainer.data, trainer.model, trainer.tokenizer, rewards, trainer.mesh, eval_rewards)
+    # an eager backend (a GRPO step is never torch.compiled: no program per shape) checks the rollout's
+    # rows after every decode step and trains only the completion columns decoded
+    eager = not trainer.backend.compiles_every_shape
+    processes, memory = trainer.replicas.world_size, trainer.hw.memory_per_device_bytes
+    merge = merges_for_sampling(trainer.model, eager=eager, processes=processes, memory_bytes=memory)
+    data = RolloutData(
+        trainer.data,
+        trainer.model,
+        trainer.tokenizer,
+        rewards,
+        trainer.mesh,
+        eval_rewards,
+        replicas=trainer.replicas,
+        eager=eager,
+        merge=merge,
+    )
     data.traps = TrapNotices(trainer._notice, _repeat_notice)
-    trainer.callbacks.append(stop_when_nothing_scored(data))  # after the user's: they see the interval
+    # after the user's callbacks, so they see the interval; on every rank (the figures are every rank's)
+    trainer.callbacks.append(stop_when_nothing_scored(data))
     if trainer.backend.compiles_every_shape and cfg.bucketing.max_buckets == "auto":
         data.cfg = data.cfg.with_overrides({"bucketing.max_buckets": AUTO_PROMPT_BUCKETS})
         trainer._notice(
@@ -169,8 +212,10 @@ def grpo_objective(trainer: Any) -> torch.nn.Module:
             f"{AUTO_PROMPT_BUCKETS} prompt buckets; set bucketing.max_buckets to choose"
         )
     trainer.data = data
-    trainer.budget.expect_rollouts(grpo.num_iterations)  # train.time_limit plans a step with its rollout
-    return GRPOObjective(grpo).to(trainer.device)
+    # train.time_limit plans a step with its rollout: one every steps_per_generation x mu micro-steps
+    micro_steps = data.steps_per_generation * int(grpo.num_iterations)
+    trainer.budget.expect_rollouts(-(-micro_steps // int(cfg.train.grad_accum)))
+    return GRPOObjective(grpo, chunking, notice=trainer._notice).to(trainer.device)
 
 
 def _repeat_notice(message: str) -> None:
@@ -190,21 +235,16 @@ def stop_when_nothing_scored(data: RolloutData) -> Any:
 
 
 def check_grpo_run(trainer: Any) -> None:
-    """What a GRPO run refuses: torchrun ranks, a teacher, rows that do not split over the mesh."""
+    """What a GRPO run refuses: a teacher, prompts whose groups would not stay whole on a device."""
     cfg = trainer.cfg
-    if not isinstance(trainer.replicas, OneProcess):  # torchrun's, even of one process
-        raise ValueError(
-            "train.objective='grpo' runs in one process (XLA with SPMD meshes, one GPU or the CPU); "
-            "under torchrun it is not supported: launch without --nproc"
-        )
     if getattr(trainer, "teacher", None) is not None:
         raise ValueError("train.objective='grpo' takes no teacher: distillation and GRPO are separate runs")
-    rows = cfg.train.batch_size * cfg.grpo.num_generations
-    if rows % trainer.dp_size:
+    if cfg.train.batch_size % trainer.dp_size:
         raise ValueError(
-            f"train.batch_size={cfg.train.batch_size} x grpo.num_generations={cfg.grpo.num_generations} = "
-            f"{rows} rows per rollout must be a multiple of the mesh's data x fsdp = {trainer.dp_size}: "
-            "change either"
+            f"train.batch_size={cfg.train.batch_size} prompts must be a multiple of the data-parallel size "
+            f"{trainer.dp_size} (the mesh's data x fsdp, or torchrun's ranks): each device takes whole "
+            f"groups of grpo.num_generations={cfg.grpo.num_generations} completions; e.g. "
+            f"train.batch_size={trainer.dp_size * max(1, cfg.train.batch_size // trainer.dp_size)}"
         )
 
 
@@ -255,16 +295,18 @@ def warm_up_grpo(trainer: Any) -> int:
 
     engine, data = trainer.engine, trainer.data
     grad_accum, vocab = int(trainer.cfg.train.grad_accum), int(trainer.model.config.vocab_size)
+    parts = data.steps_per_generation
     evals = bool(trainer.cfg.train.eval_every) and data.eval_rollouts is not None
     before = engine.compile_count()  # XLA's programs, or a compiled native step's graphs
     snap = warmup.snapshot(engine)
     try:
         for size in trainer.ladder:
             for prompts, length in data.shapes(size, data.train_dataset):
-                batch, _ = data.rollouts.run(dummy_prompts(prompts, length, vocab), 0, score=False)
-                out = engine.train_step([batch] * grad_accum)
+                hosts = [dummy_prompts(prompts, length, vocab)] * parts
+                batches, _, _ = data.rollouts.run(hosts, 0, score=False)
+                out = engine.train_step([batches[i % parts] for i in range(grad_accum)])
                 engine.sync()  # with the step's outputs alive, as the loop syncs
-                del out, batch
+                del out, batches
             if evals:
                 for prompts, length in data.shapes(size, data.eval_dataset):
                     host = dummy_prompts(prompts, length, vocab)

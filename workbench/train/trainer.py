@@ -533,7 +533,7 @@ def build_objective(trainer: Trainer, teacher: torch.nn.Module | None) -> torch.
     )
     check_objective_data(trainer.cfg, trainer.data, teacher=teacher)
     if trainer.cfg.train.objective == "grpo":  # rollouts, rewards and the GRPO loss (`workbench.rl`)
-        return grpo_objective(trainer)
+        return grpo_objective(trainer, chunking)
     if trainer.reference is not None:
         return preference_objective(trainer, chunking, place)
     if teacher is None:
