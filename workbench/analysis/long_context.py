@@ -132,10 +132,15 @@ def resolve_offload(setting: Any, *, gradient_checkpointing: bool, fits_without:
 
 
 def host_checkpoint_bytes(shape: ModelShape, *, rows: int, seq_len: int, compute_bytes: int) -> int:
-    """Host bytes of every layer's checkpoint under offload: its input ``[rows, T, hidden]`` and, for
-    rotary families, the ``[rows, T, head_dim]`` cos and sin the scanned stack carries with it."""
-    per_position = shape.hidden + (0 if shape.gpt2_style else 2 * shape.head_dim)
-    return shape.layers * rows * seq_len * per_position * compute_bytes
+    """Host bytes of every layer's checkpoint under offload: what the scanned stack carries into each
+    layer and saves (tests/xla/offload_scan.py counts it in the HLO): the input ``[rows, T, hidden]``,
+    for rotary families the ``[1, T, head_dim]`` cos and sin (rows of one unpacked batch share them),
+    and the mask as float32: the ``[rows, 1, 1, T]`` segment ids of 'chunked' and 'flash', transformers'
+    ``[rows, 1, T, T]`` mask otherwise."""
+    hidden = rows * seq_len * shape.hidden * compute_bytes
+    rotary = 0 if shape.gpt2_style else 2 * seq_len * shape.head_dim * compute_bytes
+    mask = rows * seq_len * 4 * (1 if shape.attention in ("chunked", "flash") else seq_len)
+    return shape.layers * (hidden + rotary + mask)
 
 
 def mlp_tile_bytes(

@@ -27,6 +27,9 @@ from workbench.analysis.estimate import estimate, mesh_sizes
 from workbench.models.mlp_tiles import MlpTiling, mlp_width
 from workbench.units import format_bytes
 
+HOST_SHARE = 0.8
+"""The share of the machine's RAM the offloaded checkpoints may take before a run says so."""
+
 
 @dataclass(frozen=True)
 class LongContextPlan:
@@ -56,31 +59,44 @@ def plan_long_context(
     dp, mp = sizes["data"] * sizes["fsdp"], sizes["model"]
     tiling = _tiling(cfg, model, memory, dp, mp, say)
     train = cfg.train
-    offload = train.offload_activations == "on"
-    if train.offload_activations == "auto" and train.gradient_checkpointing and memory:
-        try:
-            kernel = attention if attention in ("eager", "sdpa", "flash", "chunked") else None
-            est = estimate(
-                model.config,
-                batch_size=train.batch_size,
-                seq_len=cfg.data.max_length,
-                mesh=mesh,
-                memory_bytes=memory,
-                attention=kernel,
-                **config_settings(cfg),
-            )
-        except Exception as err:  # an estimate that cannot be made leaves the checkpoints where they are
-            say(f"train.offload_activations=auto: off (no memory estimate: {err})")
-            return LongContextPlan(False, tiling)
-        offload = est.offload_activations
-        if offload:
-            say(
-                f"train.offload_activations=auto: on, the layers' checkpoints ({format_bytes(est.host_bytes)}) "
-                f"in host memory: without it the step would not fit {format_bytes(memory)} per device; "
-                f"with it the estimate is {format_bytes(est.total_bytes)} (train.offload_activations=off "
-                "keeps them on the device)"
-            )
-    return LongContextPlan(offload, tiling)
+    setting = train.offload_activations
+    if setting == "off" or not train.gradient_checkpointing or (setting == "auto" and not memory):
+        return LongContextPlan(False, tiling)
+    try:
+        kernel = attention if attention in ("eager", "sdpa", "flash", "chunked") else None
+        est = estimate(
+            model.config,
+            batch_size=train.batch_size,
+            seq_len=cfg.data.max_length,
+            mesh=mesh,
+            memory_bytes=memory,
+            attention=kernel,
+            **config_settings(cfg),
+        )
+    except Exception as err:  # no estimate: 'on' still offloads, 'auto' leaves the checkpoints put
+        say(
+            f"train.offload_activations={setting}: {'on' if setting == 'on' else 'off'} (no memory estimate: {err})"
+        )
+        return LongContextPlan(setting == "on", tiling)
+    if not est.offload_activations:
+        return LongContextPlan(False, tiling)
+    host = format_bytes(est.host_bytes)
+    if setting == "auto":
+        say(
+            f"train.offload_activations=auto: on, the layers' checkpoints ({host}) in host memory: without "
+            f"it the step would not fit {format_bytes(memory)} per device; with it the estimate is "
+            f"{format_bytes(est.total_bytes)} (train.offload_activations=off keeps them on the device)"
+        )
+    on_host = est.host_bytes * max(1, hw.local_devices)  # every device of this host offloads into its RAM
+    if hw.host_memory_bytes and on_host > HOST_SHARE * hw.host_memory_bytes:
+        say(
+            f"train.offload_activations: the checkpoints take {format_bytes(on_host)} of host memory "
+            f"({host} per device x {max(1, hw.local_devices)}), more than {HOST_SHARE:.0%} of this "
+            f"machine's {format_bytes(hw.host_memory_bytes)}: shorten data.max_length or the batch"
+        )
+    if hw.device_string() == "cpu":
+        say("train.offload_activations: on the CPU host memory is the device's: offload saves nothing here")
+    return LongContextPlan(True, tiling)
 
 
 def _tiling(

@@ -36,13 +36,21 @@ exact stand-ins ('scaled'), or nothing ('none')."""
 HOST_MEMORY_DEVICES = frozenset({"TPU", "GPU", "CUDA"})
 """XLA device types whose compiler places ``pinned_host`` buffers in host memory."""
 
-_chosen = {"placements": "auto"}
+Placements = str | tuple[Callable[..., Any], Callable[..., Any]]
+_chosen: dict[str, Placements] = {"placements": "auto"}
 
 
-def use_placements(kind: str) -> None:
-    """Choose the placements every later offloaded scan traces (`PLACEMENTS`; default 'auto')."""
+def use_placements(kind: Placements) -> None:
+    """Choose the placements every later offloaded scan traces: a name in `PLACEMENTS` (default
+    'auto'), or a ``(to_host, to_device)`` pair of functions of a tensor."""
+    if isinstance(kind, tuple) and len(kind) == 2 and all(callable(f) for f in kind):
+        _chosen["placements"] = kind
+        return
     if kind not in PLACEMENTS:
-        raise ValueError(f"placements={kind!r} is not allowed: one of {', '.join(map(repr, PLACEMENTS))}")
+        raise ValueError(
+            f"placements={kind!r} is not allowed: one of {', '.join(map(repr, PLACEMENTS))} or a "
+            "(to_host, to_device) pair of functions"
+        )
     _chosen["placements"] = kind
 
 
@@ -51,9 +59,11 @@ def host_memory_space() -> bool:
     return runtime.runtime_summary().device_type in HOST_MEMORY_DEVICES
 
 
-def placements_for(kind: str) -> tuple[Callable[..., Any], Callable[..., Any]] | tuple[None, None]:
+def placements_for(kind: Placements) -> tuple[Callable[..., Any], Callable[..., Any]] | tuple[None, None]:
     """``(to_host, to_device)`` graph targets for `kind` ('auto': torch_xla's where `host_memory_space`,
     else none)."""
+    if isinstance(kind, tuple):
+        return kind
     if kind == "auto":
         kind = "xla" if host_memory_space() else "none"
     if kind == "xla":
@@ -76,6 +86,13 @@ def offloaded_scan(fn: Callable[..., Any], init: Any, xs: Any, *, pure: bool = F
     to_host, to_device = placements_for(_chosen["placements"])
     partition = scan_support.offload_partition(len(tree_flatten(init)[0]), to_host, to_device)
     return xla_scan(fn, init, xs, partition_fn=partition, is_fn_pure=pure)
+
+
+def lowered_hlo(tensors: list[Any]) -> str:
+    """The HLO text torch_xla hands XLA for `tensors` (before XLA's own passes; nothing compiles)."""
+    import torch_xla
+
+    return str(torch_xla._XLAC._get_xla_tensors_hlo(list(tensors)))
 
 
 def _scaled_out(tensor: Any) -> Any:
