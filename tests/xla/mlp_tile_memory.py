@@ -32,7 +32,11 @@ def main(length: int = 2048, intermediate: int = 2048, tile_tokens: int = 256) -
     compile_log.enable_compile_log(log)  # before the first compile
     dev = runtime.device()
     cfg = tiny(
-        "llama", hidden_size=64, intermediate_size=intermediate, max_position_embeddings=length, vocab_size=256
+        "llama",
+        hidden_size=64,
+        intermediate_size=intermediate,
+        max_position_embeddings=length,
+        vocab_size=256,
     )
     ids = torch.randint(3, 250, (1, length), generator=torch.Generator().manual_seed(0)).to(dev)
     results: dict[str, Any] = {}
