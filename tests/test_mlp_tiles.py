@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from tests.tiny import tiny
+from workbench.analysis.estimate import estimate
 from workbench.config import ConfigError, LoraConfig
 from workbench.models.build import build_model
 from workbench.models.families import FAMILY_NAMES
@@ -74,6 +75,17 @@ def test_tile_rule():
         mlp_chunk_length(0, **kw)
     tiling = MlpTiling(512, data_parallel=2)  # a device holds half the rows
     assert tiling.positions(4, 4096, 1024, True, 2) == 256
+
+
+def test_the_estimate_reads_the_setting_a_model_config_names():
+    kwargs = dict(batch_size=2, seq_len=256, precision="fp32")
+    tiled = estimate(tiny("llama", mlp_chunk_tokens=64), **kwargs)
+    assert tiled.mlp_chunk_positions == 32 and estimate(tiny("llama"), **kwargs).mlp_chunk_positions is None
+    assert tiled.total_bytes == estimate(tiny("llama"), mlp_chunk_tokens=64, **kwargs).total_bytes
+    assert (
+        estimate(tiny("llama", mlp_chunk_tokens=64), mlp_chunk_tokens=None, **kwargs).mlp_chunk_positions
+        is None
+    )
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

@@ -224,9 +224,9 @@ def test_config_keys_and_their_errors():
     cfg = WorkbenchConfig().with_overrides(["model.mlp_chunk_tokens=null", "train.offload_activations=off"])
     assert cfg.model.mlp_chunk_tokens is None and cfg.train.offload_activations == "off"
     defaults = WorkbenchConfig()
-    assert (defaults.model.mlp_chunk_tokens, defaults.train.offload_activations) == ("auto", "auto")
-    settings = config_settings(defaults)
-    assert (settings["offload_activations"], settings["mlp_chunk_tokens"]) == ("auto", "auto")
+    assert (defaults.model.mlp_chunk_tokens, defaults.train.offload_activations) == (None, "auto")
+    settings = config_settings(cfg.with_overrides(["model.mlp_chunk_tokens=auto"]))
+    assert (settings["offload_activations"], settings["mlp_chunk_tokens"]) == ("off", "auto")
     yaml_on = WorkbenchConfig.from_yaml("train:\n  gradient_checkpointing: true\n  offload_activations: on\n")
     assert yaml_on.train.offload_activations == "on"  # YAML's bare on is a bool: read as 'on'
     with pytest.raises(
@@ -258,7 +258,7 @@ def test_a_run_plans_offload_and_tiles_for_its_device():
         {
             **LLAMA_8B, "model.vocab_size": 128256, "model.max_position_embeddings": 131072, "model.quantize": "int4",
             "lora.rank": 16, "train.precision": "bf16", "train.gradient_checkpointing": True, "train.batch_size": 1,
-            "data.max_length": 65536,
+            "data.max_length": 65536, "model.mlp_chunk_tokens": "auto",
         }
     )  # fmt: skip
     model = SimpleNamespace(config=hf_config(cfg.model))
@@ -281,3 +281,63 @@ def test_a_run_plans_offload_and_tiles_for_its_device():
     heard.clear()
     plan_long_context(cfg, model, small_host, attention="flash", notice=heard.append)
     assert any("more than 80% of this machine's 16.00 GiB" in h for h in heard)
+
+
+def test_the_config_panel_follows_offload_and_tiles():
+    """The config panel's estimate takes both settings from the config: at 65,536 tokens an 8B QLoRA
+    does not fit a v5e chip with the checkpoints on it, fits with them in host memory and the MLP in
+    tiles; the host line is a readout, not part of the device's bar."""
+    from widgets.config_panel import ConfigPanel
+
+    cfg = WorkbenchConfig().with_overrides({"model.vocab_size": 128256, "train.offload_activations": "off"})
+    panel = ConfigPanel(cfg, target="v5e-1")
+    panel.set(
+        model_size="Llama-3.1-8B shape", precision="bf16", gradient_checkpointing=True, seq_len=65536,
+        batch_size=1, lora_rank=16, quantize="int4",
+    )  # fmt: skip
+    assert panel.error is None and "does not fit" in panel.fits_html.value
+    assert panel.long_context_html.value == ""
+    panel.set(offload_activations="auto", mlp_chunk_tokens="auto")
+    assert panel.error is None and "✔ fits" in panel.fits_html.value and panel.largest_batch == 1
+    assert panel.config.train.offload_activations == "auto" and panel.config.model.mlp_chunk_tokens == "auto"
+    assert (
+        "Checkpoints in host memory: <b class='wb-host-value'>17.01 GiB</b>" in panel.long_context_html.value
+    )
+    assert "MLP in tiles of <b>4680</b> positions" in panel.long_context_html.value
+    bars = [trace.name for trace in panel.memory_figure.figure.data]
+    assert "offloaded_checkpoints" not in bars and "activations" in bars
+    panel.set(gradient_checkpointing=False)  # offload 'auto' needs checkpointing: nothing to offload
+    assert "Checkpoints in host memory" not in panel.long_context_html.value
+
+
+def test_the_doctor_weighs_the_offloaded_checkpoints_against_the_host_ram(tmp_path):
+    from tests.test_doctor import _roots
+    from workbench.doctor import doctor
+    from workbench.doctor.accelerator import Devices
+    from workbench.doctor.offload import offload_check
+
+    for name in ("proc", "dev", "sys", "tmp", "fs", "work"):  # a made-up machine (tests/test_doctor.py)
+        (tmp_path / name).mkdir()
+    cfg = WorkbenchConfig().with_overrides(
+        {
+            **LLAMA_8B, "model.vocab_size": 128256, "model.max_position_embeddings": 131072, "model.quantize": "int4",
+            "lora.rank": 16, "train.precision": "bf16", "train.gradient_checkpointing": True, "train.batch_size": 1,
+            "data.max_length": 65536,
+        }
+    )  # fmt: skip
+    one_tpu = Devices((tmp_path / "dev" / "accel0",), 1, ())
+    roomy = offload_check(cfg, _roots(tmp_path, available=40 * GiB), one_tpu)
+    assert roomy.status == "ok" and roomy.saw.startswith(
+        "train.offload_activations=auto: 17.01 GiB per device"
+    )
+    eight = Devices(tuple(tmp_path / "dev" / f"accel{i}" for i in range(8)), 8, ())
+    short = offload_check(cfg, _roots(tmp_path, available=40 * GiB), eight)
+    assert short.status == "warn" and "x 8 devices = 136.06 GiB" in short.saw and "v5e-8: 384 GB" in short.fix
+    forced = cfg.with_overrides(["train.offload_activations=on"])
+    assert offload_check(forced, _roots(tmp_path, available=40 * GiB), eight).status == "fail"
+    assert (
+        offload_check(cfg.with_overrides(["train.offload_activations=off"]), _roots(tmp_path), one_tpu)
+        is None
+    )
+    report = doctor(cfg, roots=_roots(tmp_path, available=40 * GiB))  # no accelerator here: one device
+    assert report.check("offloaded checkpoints").status == "ok"

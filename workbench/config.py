@@ -68,8 +68,8 @@ class ModelConfig:
     """On XLA, compile the decoder stack as one scanned layer over stacked weights (compile time flat in depth): 'auto' scans when the family allows it and the stack is deep enough to pay off (one notice says which and why); true insists (an error when the layers cannot be scanned); false keeps it unrolled."""
     quantize: Literal["none", "int8", "int4"] = "none"
     """Frozen base weights as integers under LoRA: 'int8' (per output channel) or 'int4' (blockwise, two per byte); 'none' keeps them in the training precision."""
-    mlp_chunk_tokens: int | Literal["auto"] | None = "auto"
-    """Run each decoder layer's MLP a tile of N tokens (all rows, N // rows positions) at a time, each tile recomputed in the backward pass, so the [tokens x intermediate] activations never exist whole (exact: the same losses and gradients, LoRA adapters included); 'auto' tiles when one layer's MLP activations would exceed a share of device memory (long rows), null never tiles. `workbench.models.mlp_tiles`."""
+    mlp_chunk_tokens: int | Literal["auto"] | None = None
+    """Run each decoder layer's MLP a tile of N tokens (all rows, N // rows positions) at a time, each tile recomputed in the backward pass, so the [tokens x intermediate] activations never exist whole (exact: the same losses and gradients, LoRA adapters included); 'auto' tiles when one layer's MLP activations would exceed a share of device memory (long rows); null (the default) never tiles. `workbench.models.mlp_tiles`."""
     attention: Literal["auto", "eager", "sdpa", "flash", "chunked"] = "auto"
     """Attention kernel (`workbench.models.attention`): 'chunked' (any XLA device: query blocks, never the whole T x T scores), 'flash' (TPU: Pallas flash attention), 'sdpa' (torch's fused kernels, for CUDA), 'eager' (transformers' reference); 'auto' picks flash on TPU, chunked on other XLA devices for long rows, sdpa on CUDA, eager elsewhere, and says which."""
 

@@ -378,7 +378,7 @@ def estimate(
     preference: str | None = None,
     rollout: RolloutPlan | None = None,
     offload_activations: str = "off",
-    mlp_chunk_tokens: int | str | None = None,
+    mlp_chunk_tokens: int | str | None = "model",
 ) -> MemoryEstimate:
     """Per-device peak memory of one training step (forward, backward, optimizer update).
 
@@ -411,8 +411,8 @@ def estimate(
     prompt's length; each prompt's G completions train as rows of prompt + completion budget (the
     estimate's ``seq_len``), after a rollout whose KV cache and sampler buffers the step's peak covers.
     `offload_activations` ('auto', 'on', 'off'; default off) and `mlp_chunk_tokens` (N, 'auto', None;
-    default None): the layers' checkpoints in host memory (``host_bytes``) and the MLP in tiles
-    (`workbench.analysis.long_context`); a config's own through `config_settings`, which a run follows.
+    default: a `ModelConfig`'s own, else None): the layers' checkpoints in host memory (``host_bytes``)
+    and the MLP in tiles (`workbench.analysis.long_context`); a config's own through `config_settings`.
     """
     settings = dict(locals())  # every argument: 'auto' offload asks for the estimate without it
     if preference is not None and preference not in PREFERENCE_REFERENCES:
@@ -446,6 +446,8 @@ def estimate(
 
     if quantize is None:
         quantize = model_config.quantize if isinstance(model_config, ModelConfig) else "none"
+    if mlp_chunk_tokens == "model":
+        mlp_chunk_tokens = model_config.mlp_chunk_tokens if isinstance(model_config, ModelConfig) else None
     if quantize not in QUANTIZE_MODES:
         raise ValueError(
             f"quantize={quantize!r} is not allowed: one of {', '.join(map(repr, QUANTIZE_MODES))}"

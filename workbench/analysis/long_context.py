@@ -132,12 +132,15 @@ def resolve_offload(setting: Any, *, gradient_checkpointing: bool, fits_without:
 
 
 def host_checkpoint_bytes(shape: ModelShape, *, rows: int, seq_len: int, compute_bytes: int) -> int:
-    """Host bytes of every layer's checkpoint under offload: what the scanned stack carries into each
-    layer and saves (tests/xla/offload_scan.py counts it in the HLO): the input ``[rows, T, hidden]``,
-    for rotary families the ``[1, T, head_dim]`` cos and sin (rows of one unpacked batch share them),
-    and the mask as float32: the ``[rows, 1, 1, T]`` segment ids of 'chunked' and 'flash', transformers'
-    ``[rows, 1, T, T]`` mask otherwise."""
+    """Host bytes of every layer's checkpoint under offload: its input ``[rows, T, hidden]`` and what
+    travels with it. Under XLA's scanned stack (tests/xla/offload_scan.py counts it in the HLO) the
+    carry holds, saved per layer: for rotary families the ``[1, T, head_dim]`` cos and sin (rows of
+    one unpacked batch share them), and the mask as float32: the ``[rows, 1, 1, T]`` segment ids of
+    'chunked' and 'flash', transformers' ``[rows, 1, T, T]`` mask under 'eager'. Under 'sdpa' (CUDA:
+    the layers' checkpoint function, `workbench.backend.native.offload`) only the input is kept."""
     hidden = rows * seq_len * shape.hidden * compute_bytes
+    if shape.attention == "sdpa":
+        return shape.layers * hidden
     rotary = 0 if shape.gpt2_style else 2 * seq_len * shape.head_dim * compute_bytes
     mask = rows * seq_len * 4 * (1 if shape.attention in ("chunked", "flash") else seq_len)
     return shape.layers * (hidden + rotary + mask)
