@@ -266,7 +266,7 @@ def test_a_run_plans_offload_and_tiles_for_its_device():
         memory_per_device_bytes=16 * GiB,
         host_memory_bytes=48 * 10**9,
         local_devices=1,
-        device_string=lambda: "xla",
+        device_string="xla",
     )
     heard: list[str] = []
     plan = plan_long_context(cfg, model, v5e, attention="flash", notice=heard.append)
@@ -341,3 +341,24 @@ def test_the_doctor_weighs_the_offloaded_checkpoints_against_the_host_ram(tmp_pa
     )
     report = doctor(cfg, roots=_roots(tmp_path, available=40 * GiB))  # no accelerator here: one device
     assert report.check("offloaded checkpoints").status == "ok"
+
+
+def test_a_cpu_run_with_both_settings_trains_as_one_without_them():
+    """The trainer's wiring: the run prepares its model with the checkpoints offloaded and the MLP in
+    tiles (said in its notices), and its losses are those of the run without either."""
+    from tests.test_train import tiny_cfg, token_dataset
+    from workbench.models.mlp_tiles import installed_tiling
+    from workbench.train import Trainer
+
+    common = {"train.gradient_checkpointing": True, "lora.rank": 4, "train.steps": 3}
+    data = token_dataset(16)
+    plain = Trainer(tiny_cfg(**common), train_dataset=data)
+    both = Trainer(
+        tiny_cfg(**common, **{"train.offload_activations": "on", "model.mlp_chunk_tokens": 32}),
+        train_dataset=data,
+    )
+    assert not checkpoints_offloaded(plain.model) and installed_tiling(plain.model) is None
+    assert checkpoints_offloaded(both.model) and installed_tiling(both.model).setting == 32
+    assert any("the MLP runs in tiles of 8 positions" in n for n in both.notices)
+    losses = [[m["loss"] for m in t.fit().history] for t in (plain, both)]
+    assert len(losses[0]) == 3 and all(abs(a - b) <= REL * abs(a) for a, b in zip(*losses))

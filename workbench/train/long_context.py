@@ -94,7 +94,7 @@ def plan_long_context(
             f"({host} per device x {max(1, hw.local_devices)}), more than {HOST_SHARE:.0%} of this "
             f"machine's {format_bytes(hw.host_memory_bytes)}: shorten data.max_length or the batch"
         )
-    if hw.device_string() == "cpu":
+    if hw.device_string == "cpu":
         say("train.offload_activations: on the CPU host memory is the device's: offload saves nothing here")
     return LongContextPlan(True, tiling)
 
