@@ -158,7 +158,8 @@ def main() -> None:
     print("longest context that fits:")
     for way, found in result["estimate"]["longest"].items():
         print(
-            f"  {way:>8}: {found['tokens']:>7,} tokens ({found['device_gib']} GiB, host {found['host_gib']} GiB)"
+            f"  {way:>8}: {found['tokens']:>7,} tokens "
+            f"({found['device_gib']} GiB, host {found['host_gib']} GiB)"
         )
     if args.time:
         result["cpu_step_times"] = step_times()

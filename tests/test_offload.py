@@ -177,6 +177,22 @@ def _llama_8b():
     )
 
 
+def _long_run(extra: dict | None = None) -> WorkbenchConfig:
+    """The issue's run as a config: Llama-3.1-8B's shape, int4, LoRA r16, bf16, checkpointing, 1 x 65,536."""
+    overrides = {
+        **LLAMA_8B,
+        "model.vocab_size": 128256,
+        "model.max_position_embeddings": 131072,
+        "model.quantize": "int4",
+        "lora.rank": 16,
+        "train.precision": "bf16",
+        "train.gradient_checkpointing": True,
+        "train.batch_size": 1,
+        "data.max_length": 65536,
+    }
+    return WorkbenchConfig().with_overrides({**overrides, **(extra or {})})
+
+
 def test_offload_moves_the_checkpoints_to_a_host_line():
     model = _llama_8b()
     plain = estimate(model, seq_len=16384, **ISSUE)
@@ -248,19 +264,13 @@ def test_where_a_model_can_offload():
     heard: list[str] = []
     auto = SimpleNamespace(offload_activations="auto", gradient_checkpointing=True)
     assert not offload_choice(auto, True, xla=True, scan=False, notice=heard.append)
-    assert heard and "this one runs unrolled" in heard[0]
+    assert heard and "this one is unrolled" in heard[0]
     assert not offload_choice(SimpleNamespace(offload_activations="on", gradient_checkpointing=False), None,
                               xla=False, scan=False, notice=None)  # fmt: skip
 
 
 def test_a_run_plans_offload_and_tiles_for_its_device():
-    cfg = WorkbenchConfig().with_overrides(
-        {
-            **LLAMA_8B, "model.vocab_size": 128256, "model.max_position_embeddings": 131072, "model.quantize": "int4",
-            "lora.rank": 16, "train.precision": "bf16", "train.gradient_checkpointing": True, "train.batch_size": 1,
-            "data.max_length": 65536, "model.mlp_chunk_tokens": "auto",
-        }
-    )  # fmt: skip
+    cfg = _long_run({"model.mlp_chunk_tokens": "auto"})
     model = SimpleNamespace(config=hf_config(cfg.model))
     v5e = SimpleNamespace(
         memory_per_device_bytes=16 * GiB,
@@ -318,13 +328,7 @@ def test_the_doctor_weighs_the_offloaded_checkpoints_against_the_host_ram(tmp_pa
 
     for name in ("proc", "dev", "sys", "tmp", "fs", "work"):  # a made-up machine (tests/test_doctor.py)
         (tmp_path / name).mkdir()
-    cfg = WorkbenchConfig().with_overrides(
-        {
-            **LLAMA_8B, "model.vocab_size": 128256, "model.max_position_embeddings": 131072, "model.quantize": "int4",
-            "lora.rank": 16, "train.precision": "bf16", "train.gradient_checkpointing": True, "train.batch_size": 1,
-            "data.max_length": 65536,
-        }
-    )  # fmt: skip
+    cfg = _long_run()
     one_tpu = Devices((tmp_path / "dev" / "accel0",), 1, ())
     roomy = offload_check(cfg, _roots(tmp_path, available=40 * GiB), one_tpu)
     assert roomy.status == "ok" and roomy.saw.startswith(

@@ -39,7 +39,8 @@ from workbench.train.lora import apply_lora
 
 LAYERS, ROWS = 3, 2
 PLACEMENT = re.compile(
-    r"= (\w+)\[([\d,]*)\]\{[^}]*\} custom-call\([^)]*\), custom_call_target=\"annotate_device_placement\".*_xla_buffer_placement=\"(\w+)\""
+    r"= (\w+)\[([\d,]*)\]\{[^}]*\} custom-call\([^)]*\), "
+    r"custom_call_target=\"annotate_device_placement\".*_xla_buffer_placement=\"(\w+)\""
 )
 
 

@@ -59,7 +59,10 @@ def offload_check(cfg: Any, roots: DoctorRoots, devices: Devices) -> Check | Non
     saw = f"{what}; {format_bytes(available)} available{total}"
     if need <= available:
         return Check(NAME, "ok", saw)
-    fix = "shorten data.max_length or train.batch_size, or use a VM with more RAM (v5e-1: 48 GB, v5e-4: 192 GB, v5e-8: 384 GB)"
+    fix = (
+        "shorten data.max_length or train.batch_size, or use a VM with more RAM "
+        "(v5e-1: 48 GB, v5e-4: 192 GB, v5e-8: 384 GB)"
+    )
     if train.offload_activations == "on":
         return Check(NAME, "fail", f"{saw}: they do not fit", fix)
     return Check(

@@ -27,7 +27,7 @@ def offload_choice(
     if not (wanted and train.gradient_checkpointing):
         return False
     if xla and not scan:
-        why = "on XLA the layers' checkpoints are offloaded under the scanned layer stack, and this one runs unrolled"
+        why = "on XLA the layers' checkpoints are offloaded under the scanned stack, and this one is unrolled"
         if train.offload_activations == "on":
             raise ConfigError(
                 f"train.offload_activations='on' is not allowed here: {why} (model.scan_layers: true or "

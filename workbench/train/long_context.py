@@ -51,8 +51,9 @@ def plan_long_context(
     notice: Callable[[str], None] | None = None,
 ) -> LongContextPlan:
     """The run's `LongContextPlan` for `model` (a transformers model, before LoRA and scan) on `hw`
-    (`HardwareInfo`) over `mesh` (a resolved `MeshSpec` or axis sizes, e.g. ``{"data": ranks}``; None: one device), `attention` the kernel
-    the run resolved; `notice` hears each choice that changes the run (see the module docstring)."""
+    (`HardwareInfo`) over `mesh` (a resolved `MeshSpec` or axis sizes, e.g. ``{"data": ranks}``; None:
+    one device), `attention` the kernel the run resolved; `notice` hears each choice that changes the
+    run (see the module docstring)."""
     say = notice or (lambda message: None)
     memory = hw.memory_per_device_bytes
     sizes = mesh_sizes(mesh)
@@ -74,9 +75,8 @@ def plan_long_context(
             **config_settings(cfg),
         )
     except Exception as err:  # no estimate: 'on' still offloads, 'auto' leaves the checkpoints put
-        say(
-            f"train.offload_activations={setting}: {'on' if setting == 'on' else 'off'} (no memory estimate: {err})"
-        )
+        chosen = "on" if setting == "on" else "off"
+        say(f"train.offload_activations={setting}: {chosen} (no memory estimate: {err})")
         return LongContextPlan(setting == "on", tiling)
     if not est.offload_activations:
         return LongContextPlan(False, tiling)
@@ -121,7 +121,8 @@ def _tiling(
     if positions is not None:
         say(
             f"model.mlp_chunk_tokens={setting!r}: the MLP runs in tiles of {positions} positions at "
-            f"data.max_length={cfg.data.max_length} (each recomputed in the backward pass; model.mlp_chunk_tokens=null runs it whole)"
+            f"data.max_length={cfg.data.max_length} (each recomputed in the backward pass; "
+            "model.mlp_chunk_tokens=null runs it whole)"
         )
     return tiling
 
