@@ -229,10 +229,10 @@ class TrainConfig:
     """Resume from the latest complete checkpoint in `checkpoint_dir` when there is one."""
     progress_bar: bool = True
     """Show a tqdm progress bar (updated only at log intervals; it never forces a device sync)."""
-    offload_activations: Literal["auto", "on", "off"] = "auto"
-    """With gradient_checkpointing, keep each layer's checkpointed input in host memory and bring it back for that layer's backward pass (on XLA under the scanned layer stack, where torch_xla places them in pinned host memory; on CUDA through pinned buffers copied on a side stream); 'auto' turns it on only where the memory estimate says the run does not fit the device without it. The doctor and the memory estimate report the host RAM it takes. A YAML on/off means 'on'/'off'."""
     loss_chunk_tokens: int | Literal["auto"] = "auto"
     """Tokens per chunk of the LM head + cross-entropy, recomputed in backward, so the [tokens x vocab] logits never exist whole; 'auto' chunks when they would exceed a share of device memory, 0 never chunks."""
+    offload_activations: Literal["auto", "on", "off"] = "auto"
+    """With gradient_checkpointing, keep each layer's checkpointed input in host memory and bring it back for that layer's backward pass (on XLA under the scanned layer stack, where torch_xla places them in pinned host memory; on CUDA through pinned buffers copied on a side stream); 'auto' turns it on only where the memory estimate says the run does not fit the device without it. The doctor and the memory estimate report the host RAM it takes. A YAML on/off means 'on'/'off'."""
     distill_alpha: float = 0.5
     """Distillation: weight of the KL(teacher || student) term; 1 - alpha weighs the label cross-entropy."""
     distill_temperature: float = 2.0
