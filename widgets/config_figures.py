@@ -114,7 +114,8 @@ def draw_memory(target: Drawable, est: Any, limit: int | None, headroom: float) 
     """
     fig = figure_of(target)
     total = est.total_bytes
-    names = [k for k, v in est.breakdown.items() if v]
+    host = est.host_parts() if hasattr(est, "host_parts") else []  # host memory: not the device's bar
+    names = [k for k, v in est.breakdown.items() if v and k not in host]
     with fig.batch_update():
         # Reuse traces where possible: one bar per breakdown component.
         if [t.name for t in fig.data] != names:
@@ -291,6 +292,21 @@ def loss_chunk_readout(est: Any, setting: int | str) -> str:
     )
 
 
+def long_context_readout(est: Any) -> str:
+    """The layers' checkpoints in host memory and the MLP's tiles, where either is on (else nothing)."""
+    parts = []
+    if getattr(est, "offload_activations", False):
+        parts.append(
+            f"Checkpoints in host memory: <b class='wb-host-value'>{format_bytes(est.host_bytes)}</b> per "
+            "device (each layer's input, brought back for its backward pass)"
+        )
+    if getattr(est, "mlp_chunk_positions", None):
+        parts.append(
+            f"MLP in tiles of <b>{est.mlp_chunk_positions}</b> positions, each recomputed in the backward pass"
+        )
+    return "<br>".join(parts)
+
+
 def attention_readout(est: Any, eager_scores_bytes: int, setting: str) -> str:
     """The attention kernel the step runs and what its scores hold against eager's, which saves
     every layer's ``T x T`` scores (`eager_scores_bytes`)."""
@@ -370,6 +386,7 @@ __all__ = [
     "estimate_readout",
     "fits_readout",
     "largest_batch_readout",
+    "long_context_readout",
     "loss_chunk_readout",
     "memory_axis_top",
     "new_length_figure",

@@ -66,7 +66,7 @@ from workbench.models.presets import MODEL_PRESETS
 # The model-size choice that keeps the config's own model (the others are `MODEL_PRESETS`).
 OWN_MODEL = "as configured"
 
-SEQ_LENS = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+SEQ_LENS = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
 LORA_RANKS = [0, 4, 8, 16, 32, 64, 128]
 """The LoRA ranks offered (0: off, full fine-tuning), plus the config's own."""
 
@@ -253,9 +253,13 @@ class ConfigPanel:
         self.fits_html = ipw.HTML().add_class("wb-fits")
         self.max_batch_html = ipw.HTML().add_class("wb-max-batch")
         self.trainable_html = ipw.HTML().add_class("wb-trainable")
-        self.quantize_html, self.loss_chunk_html, self.attention_html, self.rollout_html = (
-            self.memory_saving.readouts
-        )
+        (
+            self.quantize_html,
+            self.loss_chunk_html,
+            self.attention_html,
+            self.rollout_html,
+            self.long_context_html,
+        ) = self.memory_saving.readouts
         self.buckets_html = ipw.HTML().add_class("wb-bucket-efficiency")
         self.tradeoff_html = ipw.HTML().add_class("wb-bucket-tradeoff")
         self.error_html = ipw.HTML().add_class("wb-error")
@@ -548,6 +552,8 @@ class ConfigPanel:
             "quantize": self.memory_saving.quantize,
             "loss_chunk_tokens": self.memory_saving.loss_chunk,
             "attention": self.memory_saving.attention,
+            "offload_activations": self.memory_saving.offload,
+            "mlp_chunk_tokens": self.memory_saving.mlp_tiles,
             "mesh": self.mesh,
             "buckets": self.buckets,
             "buckets_auto": self.auto_buckets.auto,

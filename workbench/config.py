@@ -79,6 +79,8 @@ class ModelConfig:
     """On XLA, compile the decoder stack as one scanned layer over stacked weights (compile time flat in depth): 'auto' scans when the family allows it and the stack is deep enough to pay off (one notice says which and why); true insists (an error when the layers cannot be scanned); false keeps it unrolled."""
     quantize: Literal["none", "int8", "int4"] = "none"
     """Frozen base weights as integers under LoRA: 'int8' (per output channel) or 'int4' (blockwise, two per byte); 'none' keeps them in the training precision."""
+    mlp_chunk_tokens: int | Literal["auto"] | None = None
+    """Run each decoder layer's MLP a tile of N tokens (all rows, N // rows positions) at a time, each tile recomputed in the backward pass, so the [tokens x intermediate] activations never exist whole (exact: the same losses and gradients, LoRA adapters included); 'auto' tiles when one layer's MLP activations would exceed a share of device memory (long rows); null (the default) never tiles. `workbench.models.mlp_tiles`."""
     attention: Literal["auto", "eager", "sdpa", "flash", "chunked"] = "auto"
     """Attention kernel (`workbench.models.attention`): 'chunked' (any XLA device: query blocks, never the whole T x T scores), 'flash' (TPU: Pallas flash attention), 'sdpa' (torch's fused kernels, for CUDA), 'eager' (transformers' reference); 'auto' picks flash on TPU, chunked on other XLA devices for long rows, sdpa on CUDA, eager elsewhere, and says which."""
 
@@ -250,6 +252,8 @@ class TrainConfig:
     """Where TensorBoard's event files (logging_dir/run_name) and W&B's runs go; trackio keeps its own store (TRACKIO_DIR, else HF_HOME/trackio)."""
     loss_chunk_tokens: int | Literal["auto"] = "auto"
     """Tokens per chunk of the LM head + cross-entropy, recomputed in backward, so the [tokens x vocab] logits never exist whole; 'auto' chunks when they would exceed a share of device memory, 0 never chunks."""
+    offload_activations: Literal["auto", "on", "off"] = "auto"
+    """With gradient_checkpointing, keep each layer's checkpointed input in host memory and bring it back for that layer's backward pass (on XLA under the scanned layer stack, where torch_xla places them in pinned host memory; on CUDA through pinned buffers copied on a side stream); 'auto' turns it on only where the memory estimate says the run does not fit the device without it. The doctor and the memory estimate report the host RAM it takes. A YAML on/off means 'on'/'off'."""
     distill_alpha: float = 0.5
     """Distillation: weight of the KL(teacher || student) term; 1 - alpha weighs the label cross-entropy."""
     distill_temperature: float = 2.0
@@ -383,6 +387,12 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.num_kv_heads,
             f"must divide num_heads={obj.num_heads}",
         )
+        require(
+            obj.mlp_chunk_tokens in ("auto", None) or obj.mlp_chunk_tokens >= 1,
+            f"{p}mlp_chunk_tokens",
+            obj.mlp_chunk_tokens,
+            "must be >= 1 (tokens per tile), 'auto' or null (never tile)",
+        )
     elif isinstance(obj, DataConfig):
         require(obj.max_length >= 2, f"{p}max_length", obj.max_length, "must be >= 2")
         require(
@@ -504,6 +514,12 @@ def _validate(obj: Any, prefix: str) -> None:
             f"{p}loss_chunk_tokens",
             obj.loss_chunk_tokens,
             "must be >= 1 (tokens per chunk), 0 (never chunk) or 'auto'",
+        )
+        require(
+            obj.offload_activations != "on" or obj.gradient_checkpointing,
+            f"{p}offload_activations",
+            obj.offload_activations,
+            "'on' needs gradient_checkpointing: true (it moves the layers' checkpoints to host memory)",
         )
         require(0.0 <= obj.distill_alpha <= 1.0, f"{p}distill_alpha", obj.distill_alpha, "must be in [0, 1]")
         require(

@@ -2,8 +2,9 @@
 
 `config_settings` gives `workbench.analysis.estimate.estimate` (and the batch finder, the config
 panel, the dynamic batch's cap) the settings a config fixes: optimizer, precision, checkpointing,
-accumulation, LoRA, quantization, loss chunks, a DPO run's reference (`preference_reference`) and a
-GRPO run's rollout (`workbench.analysis.rollout_memory.rollout_plan`). The batch, the length, the
+accumulation, LoRA, quantization, loss chunks, a DPO run's reference (`preference_reference`), a
+GRPO run's rollout (`workbench.analysis.rollout_memory.rollout_plan`), the layers' checkpoints in host
+memory and the MLP in tiles (`workbench.analysis.long_context`). The batch, the length, the
 mesh, the device's memory and the attention kernel its hardware runs are the caller's.
 """
 
@@ -33,7 +34,8 @@ def preference_reference(cfg: Any) -> str | None:
 
 def config_settings(cfg: Any) -> dict[str, Any]:
     """`estimate`'s arguments as a `WorkbenchConfig` sets them (optimizer, precision, checkpointing,
-    accumulation, LoRA, quantization, loss chunks, the DPO reference, the GRPO rollout); the batch, the
+    accumulation, LoRA, quantization, loss chunks, the DPO reference, the GRPO rollout, activation
+    offload, MLP tiles); the batch, the
     length, the mesh, the device's memory and the attention kernel its hardware runs are the caller's.
     Under ``train.objective: grpo`` the batch counts prompts and the length is the prompt's
     (``data.max_length``): the rollout adds the completions."""
@@ -49,4 +51,6 @@ def config_settings(cfg: Any) -> dict[str, Any]:
         loss_chunk_tokens=train.loss_chunk_tokens,
         preference=preference_reference(cfg),
         rollout=rollout_plan(cfg),
+        offload_activations=train.offload_activations,
+        mlp_chunk_tokens=cfg.model.mlp_chunk_tokens,
     )

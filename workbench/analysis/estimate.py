@@ -78,6 +78,7 @@ from typing import Any, Literal
 # `estimate`'s arguments from a run's config: their own module's, importable from here as before
 from workbench.analysis.config_estimate import config_settings as config_settings
 from workbench.analysis.config_estimate import preference_reference as preference_reference
+from workbench.analysis.long_context import HOST_KEYS, LONG_CONTEXT_MEANINGS, long_context_terms
 from workbench.analysis.rollout_memory import (
     ROLLOUT_MEANINGS,
     RolloutPlan,
@@ -86,6 +87,7 @@ from workbench.analysis.rollout_memory import (
     rollout_memory,
 )
 from workbench.analysis.shape import ModelShape, model_shape, quantized_matrices
+from workbench.analysis.shape import lora_adapter_shapes as lora_adapter_shapes
 from workbench.config import ModelConfig
 from workbench.models.lm_head import logits_bytes, loss_chunk_length
 from workbench.models.quantize import QUANTIZE_MODES, quantized_weight_bytes
@@ -115,8 +117,9 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
     "dequant",
     "reference",
     *ROLLOUT_MEANINGS,
+    *HOST_KEYS,
 )
-"""Every key of `MemoryEstimate.breakdown`, in display order."""
+"""Every key of `MemoryEstimate.breakdown`, in display order (`HOST_KEYS`, in host memory, last)."""
 
 PREFERENCE_REFERENCES = ("adapters_off", "copy", "precompute")
 """How a DPO run gets its reference log-probs (``train.dpo_reference`` resolved; `preference_reference`)."""
@@ -135,6 +138,7 @@ BREAKDOWN_MEANINGS: dict[str, str] = {
     "dequant": "the largest int4 weight dequantized to the compute precision for its matmul (an int4 head under a chunked loss: two copies)",
     "reference": "DPO's frozen reference copy of the starting weights, in the parameter precision",
     **ROLLOUT_MEANINGS,
+    **LONG_CONTEXT_MEANINGS,
 }
 """What each breakdown part holds, for legends and tables."""
 
@@ -186,36 +190,6 @@ def state_elements(shapes: list[tuple[int, ...]], optimizer: str) -> int:
     raise ValueError(f"optimizer={optimizer!r} is not allowed: one of {', '.join(map(repr, OPTIMIZERS))}")
 
 
-def lora_adapter_shapes(
-    shape: ModelShape, rank: int, targets: str | Sequence[str] = "auto"
-) -> list[tuple[str, tuple[int, ...]]]:
-    """The LoRA adapters' tensors: ``A [rank, in]`` and ``B [out, rank]`` for every targeted matrix.
-
-    ``"auto"`` targets every matrix of the transformer blocks (the attention and MLP projections,
-    what `workbench.train.lora` adapts); a list names modules by their last name part (``q_proj``,
-    ``c_attn``, ...). Linear weights are ``[out, in]``, GPT-2's Conv1D ones ``[in, out]``.
-    """
-    check_positive("lora_rank", rank)
-    matrices = [(name.removesuffix(".weight"), s) for name, s in shape.parameter_shapes() if len(s) == 2]
-    if targets == "auto":
-        chosen = [(name, s) for name, s in matrices if name.startswith("layers.")]
-    else:
-        wanted = {t.rsplit(".", 1)[-1] for t in targets}
-        chosen = [(name, s) for name, s in matrices if name.rsplit(".", 1)[-1] in wanted]
-        found = {name.rsplit(".", 1)[-1] for name, _ in chosen}
-        if wanted - found:
-            existing = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, _ in matrices))
-            raise ValueError(
-                f"lora_targets {sorted(wanted - found)} match no matrix of this {shape.family} model "
-                f"(its matrices: {', '.join(existing)})"
-            )
-    out = []
-    for name, (rows, cols) in chosen:
-        n_in, n_out = (rows, cols) if shape.gpt2_style else (cols, rows)
-        out += [(f"{name}.lora_A", (rank, n_in)), (f"{name}.lora_B", (n_out, rank))]
-    return out
-
-
 # ---- the estimate ----------------------------------------------------------------------
 
 
@@ -258,6 +232,12 @@ class MemoryEstimate:
     """What the scores would hold under 'eager', for comparison."""
     rollout: Any = None
     """A GRPO step's rollout, whole (`workbench.analysis.rollout_memory.RolloutMemory`); None: no rollout."""
+    host_bytes: int = 0
+    """Host memory the step takes beside the device's `total_bytes`: the `HOST_KEYS` parts (offloaded checkpoints)."""
+    offload_activations: bool = False
+    """Whether the layers' checkpoints live in host memory (``train.offload_activations`` resolved)."""
+    mlp_chunk_positions: int | None = None
+    """Positions per MLP tile (`workbench.models.mlp_tiles.mlp_chunk_length`); None: the whole MLP at once."""
 
     def fits(self, memory_bytes: int | None, headroom: float = 0.1) -> bool:
         """True when the estimate stays under `memory_bytes` less a `headroom` fraction (XLA's own
@@ -268,19 +248,25 @@ class MemoryEstimate:
             raise ValueError(f"headroom={headroom!r} is not allowed: a fraction in [0, 1)")
         return self.total_bytes <= memory_bytes * (1 - headroom)
 
+    def host_parts(self) -> list[str]:
+        """The breakdown's parts in host memory that hold something (`HOST_KEYS`)."""
+        return [k for k in HOST_KEYS if self.breakdown.get(k)]
+
     @property
     def total_gib(self) -> float:
         return self.total_bytes / GiB
 
     def table(self) -> str:
         """The breakdown as aligned text, largest part first."""
-        rows = sorted(((k, v) for k, v in self.breakdown.items() if v), key=lambda kv: -kv[1])
-        width = max((len(k) for k, _ in rows), default=5)
+        items = [(k, v) for k, v in self.breakdown.items() if v and k not in HOST_KEYS]
+        rows = sorted(items, key=lambda kv: -kv[1])
+        width = max((len(k) for k in self.breakdown if self.breakdown[k]), default=5)
         lines = [
             f"{k:<{width}}  {format_bytes(v):>10}  {100 * v / max(self.total_bytes, 1):5.1f}%"
             for k, v in rows
         ]
         lines.append(f"{'total':<{width}}  {format_bytes(self.total_bytes):>10}")
+        lines += [f"{k:<{width}}  {format_bytes(self.breakdown[k]):>10}  host" for k in self.host_parts()]
         return "\n".join(lines)
 
 
@@ -391,6 +377,8 @@ def estimate(
     memory_bytes: int | None = None,
     preference: str | None = None,
     rollout: RolloutPlan | None = None,
+    offload_activations: str = "off",
+    mlp_chunk_tokens: int | str | None = "model",
 ) -> MemoryEstimate:
     """Per-device peak memory of one training step (forward, backward, optimizer update).
 
@@ -422,7 +410,11 @@ def estimate(
     `rollout` (GRPO, `workbench.analysis.rollout_memory`): `batch_size` counts prompts and `seq_len` is the
     prompt's length; each prompt's G completions train as rows of prompt + completion budget (the
     estimate's ``seq_len``), after a rollout whose KV cache and sampler buffers the step's peak covers.
+    `offload_activations` ('auto', 'on', 'off'; default off) and `mlp_chunk_tokens` (N, 'auto', None;
+    default: a `ModelConfig`'s own, else None): the layers' checkpoints in host memory (``host_bytes``)
+    and the MLP in tiles (`workbench.analysis.long_context`); a config's own through `config_settings`.
     """
+    settings = dict(locals())  # every argument: 'auto' offload asks for the estimate without it
     if preference is not None and preference not in PREFERENCE_REFERENCES:
         raise ValueError(
             f"preference={preference!r} is not allowed: None (SFT) or one of {', '.join(map(repr, PREFERENCE_REFERENCES))}"
@@ -454,6 +446,8 @@ def estimate(
 
     if quantize is None:
         quantize = model_config.quantize if isinstance(model_config, ModelConfig) else "none"
+    if mlp_chunk_tokens == "model":
+        mlp_chunk_tokens = model_config.mlp_chunk_tokens if isinstance(model_config, ModelConfig) else None
     if quantize not in QUANTIZE_MODES:
         raise ValueError(
             f"quantize={quantize!r} is not allowed: one of {', '.join(map(repr, QUANTIZE_MODES))}"
@@ -518,9 +512,7 @@ def estimate(
     act = activation_elements_per_token(
         shape, seq_len, gradient_checkpointing=gradient_checkpointing, model_parallel=mp
     )
-    fp32_part = act["fp32_part"]
     scores = act["scores"]
-    rest = act["all_layers"] - fp32_part - scores
     # HF computes the softmax in fp32 and casts back: fp32 probs (for softmax's backward) plus
     # the cast copy (for the value matmul) when compute is narrower than fp32
     score_bytes = 4 + (nbytes.compute if nbytes.compute < 4 else 0)
@@ -540,9 +532,14 @@ def estimate(
     eager_scores_bytes = math.ceil(
         tokens * (eager_act["scores"] * score_bytes + eager_act["attention_transient"] * 4)
     )
-    breakdown["activations"] = math.ceil(
-        tokens * (rest * nbytes.compute + fp32_part * 4 + scores * score_bytes)
-    ) + max(0, transient - logits)
+    long = long_context_terms(
+        shape, act, rows=rows, seq_len=seq_len, compute_bytes=nbytes.compute, score_bytes=score_bytes,
+        gradient_checkpointing=gradient_checkpointing, model_parallel=mp, quantize=quantize, logits=logits,
+        dequant=breakdown["dequant"], memory_bytes=memory_bytes, mlp_chunk_tokens=mlp_chunk_tokens,
+        offload_activations=offload_activations,
+        fits_without=lambda: estimate(**{**settings, "offload_activations": "off"}).fits(memory_bytes),
+    )  # fmt: skip
+    breakdown.update(long.parts)
     # logits and log-softmax in fp32 plus their gradients (vocab-parallel under a model axis), for
     # the whole batch or, chunked, one chunk of positions of every row
     breakdown["logits"] = logits
@@ -566,7 +563,7 @@ def estimate(
         breakdown.update(parts, inputs=grpo_input_bytes(rows, prompt_length, rollout))
 
     return MemoryEstimate(
-        total_bytes=int(sum(breakdown.values())),
+        total_bytes=int(sum(v for k, v in breakdown.items() if k not in HOST_KEYS)),
         breakdown=breakdown,
         batch_size=batch_size,
         seq_len=seq_len,
@@ -587,6 +584,9 @@ def estimate(
         scores_bytes=scores_bytes,
         eager_scores_bytes=eager_scores_bytes,
         rollout=grpo,
+        host_bytes=int(sum(breakdown[k] for k in HOST_KEYS)),
+        offload_activations=long.offload,
+        mlp_chunk_positions=long.tile_positions,
     )
 
 

@@ -6,12 +6,13 @@ config keeps its sizes and how its blocks are laid out). `ModelShape.parameter_s
 every parameter tensor the family's `transformers` implementation creates, the ground the
 memory estimate (`workbench.analysis.estimate`) and the FLOPs count (`workbench.analysis.flops`)
 stand on; `quantized_matrices` picks out those a quantized base (``model.quantize``,
-`workbench.models.quantize`) stores as integers.
+`workbench.models.quantize`) stores as integers, `lora_adapter_shapes` the adapters LoRA adds.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,4 +218,35 @@ def quantized_matrices(shape: ModelShape) -> list[tuple[str, int, int]]:
     return out
 
 
-__all__ = ["ModelShape", "model_shape", "quantized_matrices"]
+def lora_adapter_shapes(
+    shape: ModelShape, rank: int, targets: str | Sequence[str] = "auto"
+) -> list[tuple[str, tuple[int, ...]]]:
+    """The LoRA adapters' tensors: ``A [rank, in]`` and ``B [out, rank]`` for every targeted matrix.
+
+    ``"auto"`` targets every matrix of the transformer blocks (the attention and MLP projections,
+    what `workbench.train.lora` adapts); a list names modules by their last name part (``q_proj``,
+    ``c_attn``, ...). Linear weights are ``[out, in]``, GPT-2's Conv1D ones ``[in, out]``.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"lora_rank={rank!r} is not allowed: an int >= 1")
+    matrices = [(name.removesuffix(".weight"), s) for name, s in shape.parameter_shapes() if len(s) == 2]
+    if targets == "auto":
+        chosen = [(name, s) for name, s in matrices if name.startswith("layers.")]
+    else:
+        wanted = {t.rsplit(".", 1)[-1] for t in targets}
+        chosen = [(name, s) for name, s in matrices if name.rsplit(".", 1)[-1] in wanted]
+        found = {name.rsplit(".", 1)[-1] for name, _ in chosen}
+        if wanted - found:
+            existing = list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, _ in matrices))
+            raise ValueError(
+                f"lora_targets {sorted(wanted - found)} match no matrix of this {shape.family} model "
+                f"(its matrices: {', '.join(existing)})"
+            )
+    out = []
+    for name, (rows, cols) in chosen:
+        n_in, n_out = (rows, cols) if shape.gpt2_style else (cols, rows)
+        out += [(f"{name}.lora_A", (rank, n_in)), (f"{name}.lora_B", (n_out, rank))]
+    return out
+
+
+__all__ = ["ModelShape", "lora_adapter_shapes", "model_shape", "quantized_matrices"]

@@ -11,7 +11,8 @@ most "it does not start" reports (GitHub issue #20):
   contradict the hardware;
 - the session (`session`): Colab with or without Drive, Kaggle's output room, free disk where
   checkpoints and the compile cache go and free host RAM, against the configured model's needs
-  (`sizing`; only with a config, since sizing imports torch).
+  (`sizing`; only with a config, since sizing imports torch), and the host RAM offloaded layer
+  checkpoints take (`offload`).
 
 Every check reads through `DoctorRoots`, so each branch is tested on made-up trees. The result
 is a `DoctorReport` of `Check`s (ok / warn / fail, what was seen, the exact fix);
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from workbench.doctor.accelerator import accelerator_checks, runtime_check, runtime_skipped, scan_devices
 from workbench.doctor.checks import Check, DoctorError, DoctorReport
+from workbench.doctor.offload import offload_check
 from workbench.doctor.roots import DoctorRoots
 from workbench.doctor.session import detect_session, session_checks
 from workbench.doctor.sizing import model_check
@@ -61,6 +63,8 @@ def doctor(
     if cfg is not None:
         model, needs = model_check(cfg, roots)
         checks.append(model)
+        offload = offload_check(cfg, roots, devices)  # None unless the run may offload its checkpoints
+        checks += [offload] if offload is not None else []
     checks += session_checks(
         roots, cfg or WorkbenchConfig(), needs, devices, xla_version=packages.version("torch_xla")
     )

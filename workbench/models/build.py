@@ -109,17 +109,27 @@ def no_kv_cache(model: Any) -> Any:
     return model
 
 
-def enable_gradient_checkpointing(model: Any, *, xla: bool) -> None:
+def enable_gradient_checkpointing(model: Any, *, xla: bool, offload: bool = False) -> None:
     """Recompute each decoder layer's activations in the backward pass (a `transformers` model).
 
     On XLA, torch's own checkpoint is undone by the compiler (its CSE merges the recomputation
     back into the forward), so torch_xla's checkpoint, which puts an optimization barrier
-    around the recomputation, replaces it; that one only has the reentrant mode.
+    around the recomputation, replaces it; that one only has the reentrant mode. ``offload``
+    (plain torch only: on XLA the scanned stack offloads, `workbench.models.scan`) keeps each
+    layer's checkpointed input in host memory (`workbench.backend.native.offload`).
     """
     if not hasattr(model, "gradient_checkpointing_enable"):
         raise ValueError("gradient checkpointing needs a transformers model (gradient_checkpointing_enable)")
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if xla:
+    if offload:
+        if xla:
+            raise ValueError("offload on XLA runs under the scanned layer stack (install_scan(offload=True))")
+        from workbench.backend.native.offload import offloaded_checkpoint_function
+
+        model._set_gradient_checkpointing(
+            enable=True, gradient_checkpointing_func=offloaded_checkpoint_function()
+        )
+    elif xla:
         import functools
 
         from workbench.backend.xla import runtime

@@ -87,21 +87,27 @@ class ScanLayersError(ConfigError):
 # ---- installing ---------------------------------------------------------------------------------
 
 
-def install_scan(model: nn.Module, *, remat: bool = False) -> ScannedLayers:
+def install_scan(model: nn.Module, *, remat: bool = False, offload: bool = False) -> ScannedLayers:
     """Make `model`'s decoder stack run as one scanned layer on XLA; returns its `ScannedLayers`.
 
     `model` is a `transformers` causal LM or a peft model around one (LoRA applied first: the
     adapters are stacked with the base). The layers' parameters move into one stacked parameter
     per weight (`workbench.models.layer_stack`; build the optimizer afterwards). ``remat``
     recomputes each layer's activations in the backward pass (the scanned gradient
-    checkpointing). Installing twice updates ``remat``. Raises `ScanLayersError` when the stack
-    cannot be scanned.
+    checkpointing); ``offload`` (with ``remat``) keeps each layer's saved input in host memory
+    (`workbench.backend.xla.host_offload`: ``train.offload_activations``). Installing twice updates
+    both. Raises `ScanLayersError` when the stack cannot be scanned.
     """
     layers = check_scannable(model)
     if not isinstance(layers, ScannedLayers):
         layers.__class__ = ScannedLayers
     assert isinstance(layers, ScannedLayers)
+    if offload and not remat:
+        raise ValueError(
+            "install_scan(offload=True) needs remat=True: only the layers' inputs are saved to offload"
+        )
     layers.__dict__["_scan_remat"] = bool(remat)
+    layers.__dict__["_scan_offload"] = bool(offload)
     layers.__dict__["_scan_traces"] = {}
     if layer_stack(layers) is None:
         stack_layers(layers)
@@ -137,7 +143,7 @@ def uninstall_scan(model: nn.Module) -> None:
         unstack_layers(layers)
         remove_per_layer_names(layers)
         layers.__class__ = nn.ModuleList
-        for key in ("_scan_remat", "_scan_traces"):
+        for key in ("_scan_remat", "_scan_offload", "_scan_traces"):
             layers.__dict__.pop(key, None)
 
 
@@ -305,6 +311,11 @@ class ScannedLayers(nn.ModuleList):
         """Whether the scan recomputes activations in the backward pass (gradient checkpointing)."""
         return bool(self.__dict__.get("_scan_remat", False))
 
+    @property
+    def offload(self) -> bool:
+        """Whether each layer's saved input lives in host memory between the forward and backward passes."""
+        return bool(self.__dict__.get("_scan_offload", False))
+
     def __getstate__(self) -> dict[str, Any]:
         # a copy (deepcopy, pickle) traces afresh: the cached functions call this object's layer 0
         state = dict(self.__dict__)
@@ -393,7 +404,15 @@ def _run_scanned(layers: ScannedLayers, hidden_states: torch.Tensor, kwargs: dic
     stacked = {f"layer.{name}": param for name, param in layers.stack.stacked().items()}
     # grad mode and which weights train decide the traced backward (torch_xla keys only on shapes)
     trainable = tuple(p.requires_grad for p in stacked.values())
-    key = (tuple(layout), static, layers.remat, _python_state(modules[0]), torch.is_grad_enabled(), trainable)
+    key = (
+        tuple(layout),
+        static,
+        layers.remat,
+        layers.offload,
+        _python_state(modules[0]),
+        torch.is_grad_enabled(),
+        trainable,
+    )
     template = _LayerForward(modules[0])
     step = layers.traced_layer(key, lambda: _layer_step(template, tuple(layout), dict(static)))
 
@@ -401,7 +420,12 @@ def _run_scanned(layers: ScannedLayers, hidden_states: torch.Tensor, kwargs: dic
         _stack([dict(_LayerForward(m).named_buffers()) for m in modules]) if _has_buffers(modules[0]) else {}
     )
     carry = (hidden_states, *carried)
-    final, _ = runtime.scan(step, carry, (stacked, buffers), remat=layers.remat, pure=True)
+    if layers.offload:
+        from workbench.backend.xla import host_offload
+
+        final, _ = host_offload.offloaded_scan(step, carry, (stacked, buffers), pure=True)
+    else:
+        final, _ = runtime.scan(step, carry, (stacked, buffers), remat=layers.remat, pure=True)
     return final[0]
 
 

@@ -15,6 +15,8 @@ from workbench.analysis.batch import max_batch_size
 from workbench.analysis.config_estimate import preference_reference
 from workbench.analysis.rollout_memory import rollout_plan
 from workbench.config import WorkbenchConfig
+from workbench.models.checkpoint_offload import checkpoints_offloaded
+from workbench.models.mlp_tiles import installed_tiling
 
 
 def plan_batch_ladder(train: Any, *, dp_size: int, memory_cap: int | None) -> list[int]:
@@ -66,6 +68,9 @@ def memory_batch_cap(
                 loss_chunk_tokens=train.loss_chunk_tokens,
                 preference=preference_reference(cfg),
                 rollout=rollout_plan(cfg),  # GRPO: prompts of max_length, each with its completions
+                # as the prepared model runs: its checkpoints offloaded or not, its MLP tiled or not
+                offload_activations="on" if checkpoints_offloaded(model) else "off",
+                mlp_chunk_tokens=tiling.setting if (tiling := installed_tiling(model)) else None,
             )
         )
     except Exception as err:  # an estimate that cannot be made must not stop training

@@ -17,7 +17,10 @@ from workbench.backend.hardware import HardwareInfo
 from workbench.config import WorkbenchConfig
 from workbench.models.attention_choice import choose_attention, use_attention
 from workbench.models.build import enable_gradient_checkpointing, no_kv_cache
+from workbench.models.checkpoint_offload import offload_choice
+from workbench.models.mlp_tiles import MlpTiling, install_mlp_tiles
 from workbench.models.scan import choose_scan, install_scan
+from workbench.train.long_context import plan_long_context
 from workbench.train.lora import apply_lora
 from workbench.train.start import StartingModel, starting_model
 
@@ -29,17 +32,28 @@ def run_model(
     *,
     hw: HardwareInfo,
     notice: Callable[[str], None],
+    mesh: Any = None,
 ) -> torch.nn.Module:
     """The run's model on the host: the one handed in, or built or loaded from ``model.pretrained_path``
     (any model directory: `workbench.train.start`), prepared (`prepare_model`) with the attention kernel
-    ``model.attention`` resolves to on `hw` for rows of ``data.max_length``, with the adapters it
-    continues copied in."""
+    ``model.attention`` resolves to on `hw` for rows of ``data.max_length``, the long-context settings
+    decided for `hw` over `mesh` (`workbench.train.long_context`), with the adapters it continues
+    copied in."""
     start = StartingModel(model) if model is not None else starting_model(cfg, tokenizer, notice)
     kernel = choose_attention(
         cfg.model.attention, hw, seq_len=cfg.data.max_length, notice=notice, model=start.model
     )
+    plan = plan_long_context(cfg, start.model, hw, mesh=mesh, attention=kernel, notice=notice)
     prepared = prepare_model(
-        start.model, cfg.train, cfg.model, xla=hw.via_xla, lora=cfg.lora, notice=notice, attention=kernel
+        start.model,
+        cfg.train,
+        cfg.model,
+        xla=hw.via_xla,
+        lora=cfg.lora,
+        notice=notice,
+        attention=kernel,
+        offload=plan.offload,
+        tiling=plan.tiling,
     )
     start.carry_into(prepared)
     return prepared
@@ -54,6 +68,8 @@ def prepare_model(
     lora: Any = None,
     notice: Callable[[str], None] | None = None,
     attention: str | None = None,
+    offload: bool | None = None,
+    tiling: MlpTiling | None = None,
 ) -> torch.nn.Module:
     """Precision (fp32 weights for a full fine-tune under 'fp32'/'bf16-mixed', whatever the checkpoint's
     dtype; bf16 under 'bf16'), no KV cache (training never decodes), gradient checkpointing: as `train` says; then,
@@ -64,7 +80,11 @@ def prepare_model(
     notice `notice` hears), the decoder stack scanned over stacked weights (`workbench.models.scan`;
     true is checked on every backend, a no-op off XLA), whose rematerialisation is the gradient
     checkpointing; `attention` ('eager', 'sdpa', 'flash', 'chunked': `workbench.models.attention`) sets the
-    attention kernel (None keeps the model's). Runs on the host, before the model is placed on its device or mesh."""
+    attention kernel (None keeps the model's); `tiling` runs every layer's MLP in tiles
+    (`workbench.models.mlp_tiles`); `offload` keeps the layers' checkpoints in host memory, under the
+    scanned stack on XLA, through the checkpoint function elsewhere (None: as ``train.offload_activations``
+    says when it says 'on'; `workbench.train.long_context` decides 'auto'). Runs on the host, before the
+    model is placed on its device or mesh."""
     quantize = model_cfg.quantize
     if train.precision == "bf16":
         model.to(torch.bfloat16)
@@ -82,15 +102,18 @@ def prepare_model(
         summary = quantize_model(model, quantize)
         if notice is not None:
             notice(summary.notice())
+    if tiling is not None:  # before LoRA and scan: every layer's MLP alike, its adapters found per call
+        install_mlp_tiles(model, tiling)
     scan, why = choose_scan(model, model_cfg.scan_layers, xla=xla)
     if why is not None and notice is not None:
         notice(why)
+    offload = offload_choice(train, offload, xla=xla, scan=scan, notice=notice)
     if train.gradient_checkpointing and not scan:
-        enable_gradient_checkpointing(model, xla=xla)
+        enable_gradient_checkpointing(model, xla=xla, offload=offload)
     if lora is not None and lora.rank > 0:
         model = apply_lora(model, lora, seed=train.seed)
     if scan:  # after LoRA: the scanned layers hold the adapters
-        install_scan(model, remat=train.gradient_checkpointing)
+        install_scan(model, remat=train.gradient_checkpointing, offload=offload)
     return model
 
 

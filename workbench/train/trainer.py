@@ -159,7 +159,8 @@ class Trainer:
             replicas=self.replicas,
             batch_sharding=batch_sharding(self.mesh) if self.mesh is not None else None,
         )
-        self.model = run_model(cfg, model, self.tokenizer, hw=self.hw, notice=self._notice)
+        shares = self.mesh_spec if self.mesh_spec is not None else {"data": self.dp_size}  # torchrun: ranks
+        self.model = run_model(cfg, model, self.tokenizer, hw=self.hw, notice=self._notice, mesh=shares)
         self.reference = prepare_reference(cfg, self.model, self._notice)  # DPO: read before placing
         self.sharding_report = place(self.model, self.mesh, self.device)
         self.teacher, self.rewards = teacher, list(rewards)
