@@ -63,3 +63,16 @@ def test_the_64k_recipe_fits_a_v5e_1_as_its_header_says():
     assert top.fits(V5E_1) and not _estimate(cfg, _number(longest) + 1024).fits(V5E_1)
     assert (f"{top.total_bytes / GiB:.1f}", f"{top.host_bytes / GiB:.1f}") == (at_device, at_host)
     assert top.host_bytes <= V5E_1_HOST
+
+
+def test_plan_prints_the_recipes_host_memory_apart_from_the_devices(capsys):
+    """`plan` on the recipe: the checkpoints in host memory are a section of their own, never a share of
+    the device's total (17 GiB of host memory is not 134% of a 12.9 GiB step)."""
+    from workbench.__main__ import main
+
+    shape = [f"model.{k}={v}" for k, v in MODEL_PRESETS["Llama-3.1-8B shape"].items()]
+    assert main(["plan", "--config", str(FILE), *shape, "model.vocab_size=128256", "--chip", "v5e-1"]) == 0
+    out = capsys.readouterr().out
+    device_rows, host = out.split("  host memory ", 1)
+    assert "offloaded_checkpoints" not in device_rows and re.match(r"[\d.]+ GiB, beside the device's:", host)
+    assert re.search(r"\n    offloaded_checkpoints  17\.0\d GiB  ", host) and "total 12.9" in host

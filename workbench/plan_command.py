@@ -202,18 +202,21 @@ def chip_report(plan: ChipPlan, cfg: WorkbenchConfig) -> str:
     if plan.devices < plan.slice_devices and not cfg.mesh.enabled:
         used += " (mesh.enabled=false)"
     lines = [f"{plan.chip}: {used}, attention {est.attention}; per device"]
+    host_parts = set(est.host_parts())  # in host memory: listed apart, never a share of the device's total
     for title, parts in breakdowns(est).items():
         if title != "breakdown":
             lines.append(f"  {title}:")
-        rows = sorted(((k, v) for k, v in parts.items() if v), key=lambda kv: -kv[1])
+        rows = sorted(((k, v) for k, v in parts.items() if v and k not in host_parts), key=lambda kv: -kv[1])
         width = max((len(k) for k, _ in rows), default=5)
         for key, value in rows:
             share = 100 * value / max(est.total_bytes, 1)
             meaning = BREAKDOWN_MEANINGS.get(key, "")
             lines.append(f"  {key:<{width}}  {format_bytes(value):>10}  {share:5.1f}%  {meaning}".rstrip())
-    host = getattr(est, "host_bytes", None)
-    if host:
-        lines.append(f"  host memory: {format_bytes(host)} (beside the device's)")
+    if est.host_bytes:
+        lines.append(f"  host memory {format_bytes(est.host_bytes)}, beside the device's:")
+        for key in sorted(host_parts):
+            meaning = BREAKDOWN_MEANINGS.get(key, "")
+            lines.append(f"    {key}  {format_bytes(est.breakdown[key])}  {meaning}".rstrip())
     if plan.memory_bytes is None:
         verdict = "memory unknown: fits by default"
     else:
