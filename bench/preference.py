@@ -21,7 +21,7 @@ first compile):
 Per variant: real tokens/s and the step time over the timed steps (the first step apart, as the
 trainer's own clock does), the compiler's memory analysis of the step program (the largest
 program the run compiled: `workbench.backend.xla.compile_log`) beside `estimate`'s figure (DPO rows
-with ``preference=`` their reference: rows doubled, 'copy' adds the copy), compiles after
+with ``objective=PairRows(reference)``: rows doubled, 'copy' adds the copy), compiles after
 warm-up, the final training loss, and for DPO the reward accuracy of the last logged step and of
 the held-out pairs (an eval at the last step). ``x`` columns: DPO rows against their SFT baseline
 (LoRA rows against ``sft-lora``, ``dpo-full copy`` against ``sft-full``).
@@ -200,6 +200,8 @@ def as_rows(pairs):
 def run_variant(args: argparse.Namespace, name: str) -> dict:
     """One variant in this process: the real Trainer, then the compiler's analysis of its step."""
     from workbench.analysis.estimate import estimate
+    from workbench.analysis.objective_memory import NEXT_TOKEN
+    from workbench.analysis.preference_memory import PairRows
     from workbench.backend.xla import compile_log
     from workbench.models.build import build_model
     from workbench.train import Trainer
@@ -223,7 +225,7 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
         gradient_checkpointing=True,
         lora_rank=LORA_RANK if lora else 0,
         loss_chunk_tokens=0,
-        preference=reference,
+        objective=PairRows(reference) if reference else NEXT_TOKEN,
     )
     timed_tokens = sum(tokens[1:])
     step_s = timed_tokens / result.tokens_per_s / (len(tokens) - 1) if result.tokens_per_s else None

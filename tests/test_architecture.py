@@ -105,6 +105,44 @@ def test_the_training_layer_never_branches_on_the_execution_model():
     assert not wrong, "the training layer branches on the execution model:\n" + "\n".join(wrong)
 
 
+OBJECTIVE_BLIND = ("train", "data", "analysis/estimate.py", "analysis/config_estimate.py",
+                   "analysis/activations.py", "analysis/state_bytes.py", "analysis/objective_memory.py",
+                   "analysis/batch.py", "analysis/long_context.py")  # fmt: skip
+"""The code every objective runs through without asking which it is: the training loop (step, warm-up,
+streams, checkpoints), the data layer and the memory estimate."""
+OBJECTIVES_OWN = ("data/preference.py", "data/prompts.py")
+"""Modules of the data layer that are one objective's own: DPO's pairs, GRPO's prompts."""
+OBJECTIVE_WORDS = ("sft", "dpo", "grpo", "distill", "teacher", "preference", "rollout", "reward")
+
+
+def _objective_names(test: ast.AST) -> list[str]:
+    """What a condition reads that names an objective: ``train.objective``, or a word of one."""
+    named = [n for n in _names_in(test) if any(w in n.lower() for w in OBJECTIVE_WORDS)]
+    return named + [
+        ast.unparse(node)
+        for node in ast.walk(test)
+        if isinstance(node, ast.Attribute)
+        and node.attr == "objective"
+        and ast.unparse(node).endswith("train.objective")
+    ]
+
+
+def test_the_loop_the_data_and_the_estimate_never_ask_which_objective_runs():
+    """They call the objective protocol (`workbench.objective_registry.Objective`,
+    `workbench.train.objective_run.ObjectiveRun`, the estimate's `StepRows`) instead of testing
+    ``train.objective`` or an objective's name; the objectives' own modules are exempt."""
+    wrong = []
+    for part in OBJECTIVE_BLIND:
+        root = REPO / "workbench" / part
+        for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
+            if str(path.relative_to(REPO / "workbench")) in OBJECTIVES_OWN:
+                continue
+            for test in _conditions(ast.parse(path.read_text())):
+                if _objective_names(test):
+                    wrong.append(f"{path.relative_to(REPO)}:{test.lineno}: {ast.unparse(test)}")
+    assert not wrong, "code below the objectives asks which objective runs:\n" + "\n".join(wrong)
+
+
 def test_the_headless_package_never_imports_ui_code():
     wrong = [
         f"{path.relative_to(REPO)}:{line} imports {target}"

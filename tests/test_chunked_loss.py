@@ -12,9 +12,9 @@ from tests.test_train import tiny_cfg, token_dataset
 from tests.tiny import tiny
 from workbench.config import ConfigError, LoraConfig
 from workbench.data.collate import PackedCollator, pack_sequences
+from workbench.families import FAMILY_NAMES
 from workbench.models import lm_head
 from workbench.models.build import build_model
-from workbench.models.families import FAMILY_NAMES
 from workbench.models.lm_head import (
     REFERENCE_MEMORY,
     LossChunkingError,
@@ -23,8 +23,8 @@ from workbench.models.lm_head import (
     logits_bytes,
     loss_chunk_length,
 )
+from workbench.objectives.distillation import DistillationObjective, DistillSettings
 from workbench.train import Trainer
-from workbench.train.distill import DistillationObjective, DistillSettings
 from workbench.train.lora import apply_lora
 from workbench.train.objective import CausalLMObjective, LossChunking
 from workbench.units import GiB

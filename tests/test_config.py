@@ -17,7 +17,7 @@ def test_every_field_is_documented() -> None:
     import inspect
 
     import workbench.config as config_module
-    import workbench.rl.settings as grpo_settings
+    import workbench.config_grpo as grpo_settings
 
     nodes = [n for m in (config_module, grpo_settings) for n in ast.parse(inspect.getsource(m)).body]
     for node in nodes:
@@ -149,7 +149,7 @@ BAD = [
 
 
 def test_grpo_section_takes_trls_names_lists_from_the_command_line_and_yaml_ints() -> None:
-    from workbench.rl.settings import GRPOConfig
+    from workbench.config_grpo import GRPOConfig
 
     assert WorkbenchConfig().grpo == GRPOConfig()  # TRL's defaults: G 8, dapo, beta 0, epsilon 0.2, group
     cfg = WorkbenchConfig().with_overrides(

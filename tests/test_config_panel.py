@@ -659,7 +659,9 @@ def test_a_grpo_config_shows_its_rows_and_rollout_cache(lengths):
     )
     panel = ConfigPanel(cfg, target="v5e-1", lengths=lengths)
     est = panel.estimate
-    assert est.rollout is not None and est.seq_len == cfg.data.max_length + 112  # completion budget 112
+    assert (
+        est.objective_report is not None and est.seq_len == cfg.data.max_length + 112
+    )  # completion budget 112
     text = panel.memory_saving.rollout_html.value
     assert f"<b class='wb-rollout-rows'>{4 * cfg.train.batch_size}</b> rows" in text and "KV cache" in text
     assert panel.memory_saving.rollout_html in panel.widget.children[0].children[1].children

@@ -8,7 +8,12 @@ import torch.nn.functional as F
 
 from workbench.config import ModelConfig, WorkbenchConfig
 from workbench.models.build import build_model
-from workbench.train.distill import DistillationObjective, DistillSettings, distillation_loss, mean_token_kl
+from workbench.objectives.distillation import (
+    DistillationObjective,
+    DistillSettings,
+    distillation_loss,
+    mean_token_kl,
+)
 
 
 def _logits(seed: int, shape=(2, 6, 11)) -> torch.Tensor:

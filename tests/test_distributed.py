@@ -816,7 +816,7 @@ def test_a_precomputed_dpo_reference_is_every_pairs_own_on_every_rank(tmp_path):
     from workbench.backend.selection import backend_for
     from workbench.config import WorkbenchConfig
     from workbench.data.records import build_datasets
-    from workbench.train.preference import REFERENCE_COLUMNS, precompute_reference
+    from workbench.objectives.dpo import REFERENCE_COLUMNS, precompute_reference
     from workbench.train.ranks import RankTraining
     from workbench.train.stream import TrainingData
 

@@ -499,7 +499,7 @@ def test_the_model_check_sizes_a_lora_run(tmp_path):
 def test_the_model_check_counts_a_dpo_reference_copy_in_what_loads(tmp_path):
     sft = doctor(_config(), roots=_roots(tmp_path)).check("model")
     dpo = doctor(_config(**{"train.objective": "dpo"}), roots=_roots(tmp_path)).check("model")
-    assert "DPO with a frozen reference copy (+417.25 KiB)" in dpo.saw  # 106,816 fp32 weights again
+    assert "dpo with a frozen reference copy (+417.25 KiB)" in dpo.saw  # 106,816 fp32 weights again
     assert "loading 834.50 KiB" in dpo.saw and "loading 417.25 KiB" in sft.saw
     lora = doctor(_config(**{"train.objective": "dpo", "lora.rank": 8}), roots=_roots(tmp_path)).check(
         "model"

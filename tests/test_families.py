@@ -1,4 +1,4 @@
-"""The family registry (`workbench.models.families`): every entry builds, estimates and shards.
+"""The family registry (`workbench.families`): every entry builds, estimates and shards.
 
 Each family in the registry builds a tiny model from a `ModelConfig` through its entry; the
 model's parameters match what the memory estimator derives from the entry (count and every
@@ -20,9 +20,9 @@ import transformers
 from tests.tiny import tiny
 from workbench.analysis.estimate import estimate, model_shape
 from workbench.config import ConfigError, ModelConfig, ModelFamily, WorkbenchConfig
+from workbench.families import FAMILIES, FAMILY_NAMES, Layout
 from workbench.models import build
 from workbench.models.build import build_model, count_parameters, hf_config
-from workbench.models.families import FAMILIES, FAMILY_NAMES, Layout
 from workbench.parallel.plan import plan_sharding
 from workbench.parallel.rules import RULE_TABLES, TP_PLAN_TABLE, rules_for
 from workbench.parallel.sharding_rule import TP_PLAN
@@ -128,7 +128,7 @@ def test_a_config_class_transformers_lacks_is_named(monkeypatch):
 
 def test_the_registry_and_the_config_import_neither_torch_nor_transformers():
     code = (
-        "import sys, workbench.models.families, workbench.config, workbench.models.build\n"
+        "import sys, workbench.families, workbench.config, workbench.models.build\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))\n"
         "assert not heavy, heavy\n"
     )

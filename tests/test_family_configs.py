@@ -33,7 +33,7 @@ from workbench.analysis.estimate import MemoryEstimate, config_settings, estimat
 from workbench.analysis.shape import model_shape
 from workbench.backend.targets import TARGETS
 from workbench.config import WorkbenchConfig, load_config
-from workbench.models.families import FAMILIES
+from workbench.families import FAMILIES
 from workbench.parallel.mesh import MeshSpec
 
 # file -> (its shape in bench/real_shapes.py, transformers model_type, published parameter count)

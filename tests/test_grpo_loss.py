@@ -16,12 +16,9 @@ import torch
 from tests.test_preference import PROMPTS, pair_batch
 from tests.tiny import tiny
 from workbench.config import LoraConfig, WorkbenchConfig
+from workbench.config_grpo import GRPOConfig
 from workbench.models.build import build_model
-from workbench.rl.advantages import group_advantages
-from workbench.rl.loss import GRPOObjective, completion_logps, grpo_loss_sums, grpo_token_terms
-from workbench.rl.settings import GRPOConfig
-from workbench.train.lora import apply_lora
-from workbench.train.preference import (
+from workbench.objectives.dpo import (
     DPOObjective,
     DPOSettings,
     answer_tokens,
@@ -30,6 +27,9 @@ from workbench.train.preference import (
     prepare_reference,
     simpo_losses,
 )
+from workbench.rl.advantages import group_advantages
+from workbench.rl.loss import GRPOObjective, completion_logps, grpo_loss_sums, grpo_token_terms
+from workbench.train.lora import apply_lora
 
 ROWS, LENGTH, MAX_COMPLETION = 6, 7, 9
 

@@ -130,7 +130,7 @@ def test_unscored_completions_are_left_out_of_every_reward_figure():
 
 
 def test_the_traps_of_an_interval_are_named_with_the_key_to_change():
-    from workbench.rl.settings import GRPOConfig
+    from workbench.config_grpo import GRPOConfig
     from workbench.rl.traps import TrapNotices, interval_traps, nothing_scored
 
     grpo = GRPOConfig(max_completion_length=64)

@@ -138,7 +138,7 @@ def test_one_rollout_serves_the_micro_steps_of_a_generation_as_trls_buffer_does(
 
 def test_the_generation_batch_takes_trls_names_and_checks():
     from workbench.config import ConfigError
-    from workbench.rl.settings import keeps_old_logps, steps_per_generation
+    from workbench.config_grpo import keeps_old_logps, steps_per_generation
 
     base = _cpu_cfg(**{"train.grad_accum": 4})
     assert steps_per_generation(base) == 4 and not keeps_old_logps(base)  # one rollout per step

@@ -9,9 +9,8 @@ a string (``importlib.import_module``).
 
 The layers are data here, `LAYERS`, in the order and with the words of ARCHITECTURE.md's table (a test
 checks that the two agree). A layer may import the layers it names and, through them, everything those
-may; modules of one layer import each other freely, so long as no circle closes. What part 2 of issue 44
-(the objective seam) removes is `PART_2`, exact edges each with the item that removes it: the tests fail on
-any other circle or upward import, and on an entry whose edge is gone or harmless (the list only shrinks).
+may; modules of one layer import each other freely, so long as no circle closes. The tests fail on any
+circle and on any import from a lower layer into a higher one.
 """
 
 from __future__ import annotations
@@ -37,7 +36,19 @@ class Layer:
 
 
 LAYERS: dict[str, Layer] = {
-    "config": Layer(("units", "config", "config_checks", "config_parse", "config_reference"), ()),
+    "config": Layer(
+        (
+            "units",
+            "config",
+            "config_checks",
+            "config_parse",
+            "config_reference",
+            "config_grpo",
+            "families",
+            "objective_registry",
+        ),
+        (),
+    ),
     "hub": Layer(("hub",), ()),
     "model_dirs": Layer(("model_dirs",), ("hub",)),
     "gguf": Layer(("gguf",), ()),
@@ -64,6 +75,7 @@ LAYERS: dict[str, Layer] = {
     ),
     "rl": Layer(("rl",), ("train", "generation")),
     "generation": Layer(("generate", "decoding", "generation_controls"), ("backend",)),
+    "objectives": Layer(("objectives",), ("train", "rl", "generation")),
     "commands": Layer(
         (
             "__init__",
@@ -96,6 +108,7 @@ LAYERS: dict[str, Layer] = {
             "train",
             "rl",
             "generation",
+            "objectives",
         ),
     ),
 }
@@ -104,21 +117,6 @@ own module, `workbench`). `widgets` sits above all of them (`WIDGETS`)."""
 
 WIDGETS = "widgets"
 """The notebook UI: it may import every layer of `workbench`, which never imports it."""
-
-PART_2: dict[tuple[str, str], str] = {
-    # config sections registered without circles: the config as data its owners (objectives, checks) validate
-    ("workbench.config", "workbench.config_checks"): "config sections registered without circles",
-    ("workbench.config", "workbench.models.families"): "config sections registered without circles",
-    ("workbench.config", "workbench.rl.settings"): "config sections registered without circles",
-    ("workbench.config_reference", "workbench.rl.settings"): "config sections registered without circles",
-    # the rollout's memory needs one layer's activations: the formula moves below both when estimate.py splits
-    ("workbench.analysis.rollout_memory", "workbench.analysis.estimate"): "splitting estimate.py",
-    # the trainer asks the Objective protocol; GRPO's wiring lives in the objectives' layer above train/
-    ("workbench.train.trainer", "workbench.rl.wiring"): "objectives in a layer above train/",
-}
-"""Edges part 2 of issue 44 removes, each with the item that removes it: until then the only circles and
-upward imports allowed."""
-
 
 # ---- the graph ---------------------------------------------------------------------------------------
 
@@ -255,7 +253,7 @@ def test_every_module_is_in_a_layer():
 
 
 def test_no_import_circle():
-    edges = {m: {t: i for t, i in targets.items() if (m, t) not in PART_2} for m, targets in graph().items()}
+    edges = graph()
     found = circles(edges)
     shown = [
         " <-> ".join(circle)
@@ -270,20 +268,9 @@ def test_no_import_from_a_lower_layer_into_a_higher_one():
         f"{found.where()}: layer {layer_of(found.source)!r} may import only {sorted(allowed(layer_of(found.source)))}"
         for targets in graph().values()
         for found in targets.values()
-        if upward(found) and (found.source, found.target) not in PART_2
+        if upward(found)
     ]
     assert not wrong, "\n".join(wrong)
-
-
-def test_the_part_2_list_holds_only_edges_that_still_close_a_circle_or_go_up():
-    in_a_circle = {module: i for i, circle in enumerate(circles(graph())) for module in circle}
-    stale = []
-    for (source, target), item in PART_2.items():
-        found = graph().get(source, {}).get(target)
-        circular = found is not None and in_a_circle.get(source, -1) == in_a_circle.get(target, -2)
-        if found is None or not (circular or upward(found)):
-            stale.append(f"{source} -> {target} ({item})")
-    assert not stale, f"gone or harmless now: take them out of PART_2: {stale}"
 
 
 # ---- the table ---------------------------------------------------------------------------------------
@@ -328,7 +315,7 @@ def test_the_architecture_table_and_these_layers_agree():
 # ---- the counts, for a report --------------------------------------------------------------------------
 
 
-if __name__ == "__main__":  # python -m tests.test_imports: the circles and upward imports, part 2's included
+if __name__ == "__main__":  # python -m tests.test_imports: the circles and upward imports, for a report
     every = circles(graph())
     up = [found for targets in graph().values() for found in targets.values() if upward(found)]
     print(f"{len(every)} circles, {len(up)} upward imports")

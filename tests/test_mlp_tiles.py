@@ -12,8 +12,8 @@ from torch import nn
 from tests.tiny import tiny
 from workbench.analysis.estimate import estimate
 from workbench.config import ConfigError, LoraConfig
+from workbench.families import FAMILY_NAMES
 from workbench.models.build import build_model
-from workbench.models.families import FAMILY_NAMES
 from workbench.models.mlp_tiles import (
     MlpTiling,
     MlpTilingError,

@@ -11,18 +11,20 @@ import pytest
 import torch
 
 from tests.tiny import tiny
-from workbench.analysis.estimate import estimate, preference_reference
+from workbench.analysis.estimate import config_settings, estimate
+from workbench.analysis.preference_memory import PairRows
 from workbench.config import LoraConfig, WorkbenchConfig
 from workbench.data.chat import IGNORE_INDEX
 from workbench.models.build import build_model
-from workbench.train.lora import apply_lora
-from workbench.train.preference import (
+from workbench.objectives.dpo import (
     DPOObjective,
     DPOSettings,
     adapters_at_start,
     resolve_reference,
     row_logps,
 )
+from workbench.objectives.preference import reference_mode
+from workbench.train.lora import apply_lora
 
 PROMPTS = [3, 5, 2]
 """Prompt tokens of each pair (chosen and rejected share them), so the answers start at different places."""
@@ -266,21 +268,21 @@ def test_the_estimate_counts_two_rows_a_pair_and_the_frozen_copy():
     model = tiny("llama", num_layers=4)
     kwargs = dict(seq_len=64, precision="bf16-mixed", loss_chunk_tokens=0)
     sft = estimate(model, batch_size=4, **kwargs)
-    pairs = estimate(model, batch_size=2, preference="adapters_off", **kwargs)
+    pairs = estimate(model, batch_size=2, objective=PairRows("adapters_off"), **kwargs)
     for part in ("activations", "logits", "inputs"):
         assert pairs.breakdown[part] == sft.breakdown[part]
     assert pairs.breakdown["reference"] == 0
-    copied = estimate(model, batch_size=2, preference="copy", **kwargs)
+    copied = estimate(model, batch_size=2, objective=PairRows("copy"), **kwargs)
     assert copied.breakdown["reference"] == pytest.approx(
         sft.num_parameters * 4, rel=1e-6
     )  # fp32 master weights
     assert copied.total_bytes - pairs.total_bytes == copied.breakdown["reference"]
     cfg = WorkbenchConfig().with_overrides({"train.objective": "dpo"})
-    assert preference_reference(cfg) == "copy"
-    assert preference_reference(cfg.with_overrides({"lora.rank": 8})) == "adapters_off"
-    assert preference_reference(WorkbenchConfig()) is None
-    with pytest.raises(ValueError, match="preference='both'"):
-        estimate(model, batch_size=2, preference="both", **kwargs)
+    assert reference_mode(cfg) == "copy" and config_settings(cfg)["objective"] == PairRows("copy")
+    assert reference_mode(cfg.with_overrides({"lora.rank": 8})) == "adapters_off"
+    assert config_settings(WorkbenchConfig())["objective"].rows_per_example == 1  # SFT: a row an example
+    with pytest.raises(ValueError, match="reference='both'"):
+        PairRows("both")
 
 
 # ---- on 8 XLA:CPU devices ----------------------------------------------------------------------
@@ -455,7 +457,7 @@ def test_precompute_runs_on_one_host_and_needs_a_dataset(policy_and_base):
     assert resolve_reference(cfg, trained, hosts=2)[0] == "copy"
     with pytest.raises(ValueError, match="runs on one host; this run has 2"):
         resolve_reference(cfg.with_overrides({"train.dpo_reference": "precompute"}), trained, hosts=2)
-    from workbench.train.preference import precompute_reference
+    from workbench.objectives.dpo import precompute_reference
 
     data = SimpleNamespace(cfg=cfg, train_dataset=[{"input_ids": [1, 2]}], eval_dataset=None)
     objective = DPOObjective(DPOSettings(), "precompute")
@@ -469,7 +471,7 @@ def test_a_copied_reference_is_the_policy_exactly_under_bf16_mixed(pair_data):
     train, held, tokenizer = pair_data
     cfg = dpo_cfg(**{"lora.rank": 0, "train.precision": "bf16-mixed", "train.steps": 1})
     trainer = Trainer(cfg, train_dataset=train, eval_dataset=held, tokenizer=tokenizer)
-    copied = trainer.reference.model
+    copied = trainer.objective_run.reference.model
     assert next(copied.parameters()).dtype == next(trainer.model.parameters()).dtype == torch.float32
     first = trainer.fit().history[0]
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-6) and first["reward_accuracy"] == 0.0

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from workbench.config_grpo import GRPOConfig
 from workbench.config_parse import ConfigError
 from workbench.data.answers import extract_answer, final_answer, normalize_answer
 from workbench.rl.rewards import (
@@ -24,7 +25,6 @@ from workbench.rl.rewards import (
     reward_inputs,
     trl_completions,
 )
-from workbench.rl.settings import GRPOConfig
 
 # ---- reward functions this module offers as `module:function` ------------------------------------
 

@@ -11,10 +11,12 @@ from tests.tiny import tiny
 from workbench.analysis.batch import max_batch_size
 from workbench.analysis.config_estimate import config_settings
 from workbench.analysis.estimate import BREAKDOWN_KEYS, estimate
-from workbench.analysis.rollout_memory import RolloutPlan, kv_cache_bytes, rollout_plan
+from workbench.analysis.objective_memory import NEXT_TOKEN
+from workbench.analysis.rollout_memory import RolloutPlan, kv_cache_bytes
 from workbench.analysis.shape import model_shape
 from workbench.config import WorkbenchConfig
 from workbench.decoding import cache_budget, static_cache
+from workbench.objective_registry import objective_for
 from workbench.units import GiB
 
 MISTRAL = tf.MistralConfig(
@@ -75,9 +77,13 @@ def _llama_fields(cfg):
 def test_a_grpo_step_trains_prompt_times_generations_rows_of_prompt_and_completion():
     cfg = tiny("llama", max_position_embeddings=2048)
     plan = RolloutPlan(num_generations=4, max_completion_length=100)  # budget 112
-    grpo = estimate(cfg, batch_size=2, seq_len=64, precision="fp32", rollout=plan, loss_chunk_tokens=0)
+    grpo = estimate(cfg, batch_size=2, seq_len=64, precision="fp32", objective=plan, loss_chunk_tokens=0)
     sft = estimate(cfg, batch_size=8, seq_len=64 + 112, precision="fp32", loss_chunk_tokens=0)
-    assert grpo.seq_len == 176 and grpo.rollout.rows == 8 and grpo.rollout.completion_positions == 112
+    assert (
+        grpo.seq_len == 176
+        and grpo.objective_report.rows == 8
+        and grpo.objective_report.completion_positions == 112
+    )
     for part in ("params", "grads", "optimizer"):
         assert grpo.breakdown[part] == sft.breakdown[part], part
     # the same saved activations; the attention's temporaries (eager) exceed GRPO's smaller logits term
@@ -87,30 +93,31 @@ def test_a_grpo_step_trains_prompt_times_generations_rows_of_prompt_and_completi
     assert grpo.breakdown["logits"] == 8 * 112 * 512 * 4 * 4 and grpo.loss_chunk_positions is None
     # in chunks of positions (the next-token loss's rule over the completion), one chunk's; a frozen
     # head (LoRA) holds two of the four copies
-    chunked = estimate(cfg, batch_size=2, seq_len=64, precision="fp32", rollout=plan, loss_chunk_tokens=128)
+    chunked = estimate(cfg, batch_size=2, seq_len=64, precision="fp32", objective=plan, loss_chunk_tokens=128)
     assert chunked.loss_chunk_positions == 16 and chunked.breakdown["logits"] == 8 * 16 * 512 * 4 * 4
-    lora = estimate(cfg, batch_size=2, seq_len=64, rollout=plan, loss_chunk_tokens=128, lora_rank=4)
+    lora = estimate(cfg, batch_size=2, seq_len=64, objective=plan, loss_chunk_tokens=128, lora_rank=4)
     assert lora.breakdown["logits"] == 8 * 16 * 512 * 2 * 4
     # ids, attention mask, position ids over every position; completion mask and advantages
     assert grpo.breakdown["inputs"] == 8 * (176 * 3 * 8 + 112 * 4 + 4)
     assert grpo.breakdown["old_logps"] == 0
     assert (
-        grpo.rollout.kv_cache_bytes == 8 * 2 * 2 * 16 * 176 * 2 * 4
+        grpo.objective_report.kv_cache_bytes == 8 * 2 * 2 * 16 * 176 * 2 * 4
     )  # rows, layers, kv heads, head_dim, k+v
     # The cache lives while sampling, the activations while training: the peak holds the larger.
     transient = grpo.breakdown["activations"] + grpo.breakdown["logits"]
-    assert grpo.rollout.training_transient_bytes == transient
-    assert grpo.breakdown["rollout"] == max(0, grpo.rollout.peak_bytes - transient)
+    assert grpo.objective_report.training_transient_bytes == transient
+    assert grpo.breakdown["rollout"] == max(0, grpo.objective_report.peak_bytes - transient)
     assert grpo.total_bytes == sum(grpo.breakdown.values()) and set(grpo.breakdown) == set(BREAKDOWN_KEYS)
-    reused = estimate(cfg, batch_size=2, seq_len=64, precision="fp32", rollout=RolloutPlan(4, 100, 2))
+    reused = estimate(cfg, batch_size=2, seq_len=64, precision="fp32", objective=RolloutPlan(4, 100, 2))
     assert reused.breakdown["old_logps"] == 8 * 112 * 4
     # a rollout for 3 micro-steps: its cache and log-probs at the generation's 24 rows, the step at 8,
     # and the 3 micro-steps' batches on the device until the last has trained
     generation = estimate(
-        cfg, batch_size=2, seq_len=64, precision="fp32", rollout=RolloutPlan(4, 100, 1, 3, old_logps=True)
+        cfg, batch_size=2, seq_len=64, precision="fp32", objective=RolloutPlan(4, 100, 1, 3, old_logps=True)
     )
     assert (
-        generation.rollout.rows == 24 and generation.rollout.kv_cache_bytes == 3 * grpo.rollout.kv_cache_bytes
+        generation.objective_report.rows == 24
+        and generation.objective_report.kv_cache_bytes == 3 * grpo.objective_report.kv_cache_bytes
     )
     assert generation.breakdown["old_logps"] == 24 * 112 * 4
     assert generation.breakdown["inputs"] == 3 * grpo.breakdown["inputs"]
@@ -123,24 +130,30 @@ def test_a_grpo_step_trains_prompt_times_generations_rows_of_prompt_and_completi
         deep,
         batch_size=4,
         seq_len=512,
-        rollout=plan,
+        objective=plan,
         lora_rank=8,
         gradient_checkpointing=True,
         attention="flash",
     )
-    assert lora.rollout.peak_bytes > lora.rollout.training_transient_bytes
-    assert lora.breakdown["rollout"] == lora.rollout.peak_bytes - lora.rollout.training_transient_bytes > 0
-    assert estimate(cfg, batch_size=2, seq_len=64).rollout is None
+    assert lora.objective_report.peak_bytes > lora.objective_report.training_transient_bytes
+    assert (
+        lora.breakdown["rollout"]
+        == lora.objective_report.peak_bytes - lora.objective_report.training_transient_bytes
+        > 0
+    )
+    assert estimate(cfg, batch_size=2, seq_len=64).objective_report is None
 
 
 def test_the_mesh_splits_the_rollouts_rows_and_kv_heads():
     cfg = tiny("llama")
     plan = RolloutPlan(num_generations=4, max_completion_length=32)
-    one = estimate(cfg, batch_size=8, seq_len=32, rollout=plan)
-    split = estimate(cfg, batch_size=8, seq_len=32, rollout=plan, mesh={"data": 2, "fsdp": 2, "model": 2})
-    assert split.rollout.rows == one.rollout.rows // 4 == 8  # 2 prompts' groups on each device
+    one = estimate(cfg, batch_size=8, seq_len=32, objective=plan)
+    split = estimate(cfg, batch_size=8, seq_len=32, objective=plan, mesh={"data": 2, "fsdp": 2, "model": 2})
     assert (
-        split.rollout.kv_cache_bytes == one.rollout.kv_cache_bytes // 8
+        split.objective_report.rows == one.objective_report.rows // 4 == 8
+    )  # 2 prompts' groups on each device
+    assert (
+        split.objective_report.kv_cache_bytes == one.objective_report.kv_cache_bytes // 8
     )  # a quarter of the rows, half the heads
 
 
@@ -160,7 +173,11 @@ def test_a_grpo_config_reaches_the_estimate_and_the_batch_finder():
         }
     )
     settings = config_settings(cfg)
-    assert settings["rollout"] == rollout_plan(cfg) == RolloutPlan(4, 64, 1, 1, old_logps=False)
+
+    def rollout_plan(config):
+        return objective_for(config).memory(config)
+
+    assert settings["objective"] == rollout_plan(cfg) == RolloutPlan(4, 64, 1, 1, old_logps=False)
     # TRL's generation batch: steps_per_generation, or generation_batch_size in completions
     accumulated = cfg.with_overrides(
         {"train.batch_size": 2, "train.grad_accum": 4, "grpo.generation_batch_size": 2 * 4 * 8}
@@ -169,8 +186,8 @@ def test_a_grpo_config_reaches_the_estimate_and_the_batch_finder():
     assert rollout_plan(cfg.with_overrides({"train.grad_accum": 4})) == RolloutPlan(
         4, 64, 1, 4, old_logps=False
     )
-    assert config_settings(WorkbenchConfig())["rollout"] is None
-    sft = dict(settings, rollout=None)
+    assert config_settings(WorkbenchConfig())["objective"] is NEXT_TOKEN
+    sft = dict(settings, objective=NEXT_TOKEN)
     grpo_batch = max_batch_size(cfg.model, seq_len=64, memory_bytes=GiB // 8, **settings)
     sft_batch = max_batch_size(cfg.model, seq_len=64, memory_bytes=GiB // 8, **sft)
     # a prompt brings 4 rows of twice the length: about an eighth of the supervised batch

@@ -326,7 +326,7 @@ def rollout_readout(est: Any) -> str:
     """A GRPO step (``train.objective: grpo``): its rows of prompt + completion per device, and the
     rollout's KV cache against the training step's activations and logits (the peak holds the larger);
     empty for any other objective."""
-    grpo = est.rollout
+    grpo = est.objective_report
     if grpo is None:
         return ""
     prompts = est.per_device_batch

@@ -7,6 +7,8 @@ Importing this package starts no runtime: torch_xla is only imported (through
 from workbench import interrupt
 
 try:  # Ctrl-C here, the first moment of `python -m workbench`: one line and 130 (`workbench.interrupt`)
+    # the objectives train.objective can name register themselves (light: no torch until a run starts)
+    import workbench.objectives  # noqa: F401
     from workbench.backend.hardware import HardwareError, HardwareInfo, detect
     from workbench.config import ConfigError, WorkbenchConfig, load_config
 

@@ -1,6 +1,7 @@
 """[from config] Typed configuration for a workbench run.
 
-One `WorkbenchConfig` holds six sections (model, data, bucketing, mesh, train, lora), each a
+One `WorkbenchConfig` holds seven sections (model, data, bucketing, mesh, train, lora, and grpo: the
+GRPO objective's, `workbench.config_grpo`), each a
 dataclass whose fields carry a docstring-comment below them. Configs come from YAML
 (safe loader only), are overridden with dotted ``key=value`` strings (the form a CLI flag
 or a papermill parameter takes), round-trip through ``to_dict`` / ``from_dict`` and save
@@ -30,6 +31,12 @@ from workbench.config_checks import (  # noqa: F401 (REFERENCE_FREE_LOSSES, REPO
     validate_report_to,
     validate_run,
 )
+from workbench.config_grpo import (  # noqa: F401 (the generation batch: public here too, for the estimate)
+    GRPOConfig,
+    keeps_old_logps,
+    steps_per_generation,
+    validate_grpo,
+)
 from workbench.config_parse import (
     ConfigError,
     build_section,
@@ -38,25 +45,19 @@ from workbench.config_parse import (
     split_override,
     yaml_problem,
 )
-from workbench.models.families import FAMILY_NAMES
-from workbench.rl.settings import (  # noqa: F401 (the generation batch: public here too, for the estimate)
-    GRPOConfig,
-    keeps_old_logps,
-    steps_per_generation,
-    validate_grpo,
-    validate_grpo_run,
-)
+from workbench.families import FAMILY_NAMES
+from workbench.objective_registry import objective_names
 from workbench.units import duration_or_none, duration_with_unit
 
 ModelFamily = Literal[FAMILY_NAMES]  # type: ignore[valid-type]
-"""The allowed values of ``ModelConfig.family``: the names in `workbench.models.families.FAMILIES`
+"""The allowed values of ``ModelConfig.family``: the names in `workbench.families.FAMILIES`
 (``typing.get_args(ModelFamily) == FAMILY_NAMES``)."""
 
 
 @dataclass
 class ModelConfig:
     family: ModelFamily = "llama"
-    """Architecture family in `transformers` used to build the model from this config (see `workbench.models.families`)."""
+    """Architecture family in `transformers` used to build the model from this config (see `workbench.families`)."""
     pretrained_path: str | None = None
     """Model directory for `from_pretrained(dir)` (a transformers checkpoint, a LoRA adapter or a training checkpoint) or a Hub id ('org/name' or 'org/name@revision': its weights, config and tokenizer, through the local Hub cache; a local directory of that name wins); when set, the size fields below are ignored."""
     hidden_size: int = 64
@@ -260,8 +261,8 @@ class TrainConfig:
     """Distillation: softmax temperature of the KL term (the term is scaled by temperature squared)."""
     distill_hidden_weight: float = 0.0
     """Distillation: weight of the last-hidden-state MSE through a learned projection (0 disables it)."""
-    objective: Literal["sft", "dpo", "grpo"] = "sft"
-    """'sft': next-token cross-entropy on the labelled tokens. 'dpo': preference optimisation on prompt/chosen/rejected pairs (`workbench.train.preference`; the loss is `dpo_loss`). 'grpo': reinforcement learning from rewards on sampled completions (the `grpo` section, `workbench.rl`)."""
+    objective: str = "sft"
+    """What the run trains, one of the registered objectives (`workbench.objectives`): 'sft': next-token cross-entropy on the labelled tokens (distillation when a teacher is given: `Trainer(cfg, teacher=model)`, weighted by the distill_* keys). 'dpo': preference optimisation on prompt/chosen/rejected pairs (`workbench.objectives.dpo`; the loss is `dpo_loss`). 'grpo': reinforcement learning from rewards on sampled completions (the `grpo` section, `workbench.rl`). An objective of your own registers its name (`workbench.objective_registry.register_objective`)."""
     dpo_beta: float = 0.1
     """DPO: strength of the pull towards the reference model (the beta of the DPO and IPO losses); SimPO's beta (TRL's CPOConfig default is 0.1 too; the SimPO paper uses 2 to 10); ORPO's lambda, the odds-ratio term's weight (TRL's ORPOConfig default 0.1)."""
     dpo_loss: Literal["sigmoid", "ipo", "simpo", "orpo"] = "sigmoid"
@@ -531,7 +532,14 @@ def _validate(obj: Any, prefix: str) -> None:
             obj.distill_hidden_weight,
             "must be >= 0",
         )
-        validate_report_to(obj, p)
+        validate_report_to(obj)
+        require(
+            obj.objective in objective_names(),
+            f"{p}objective",
+            obj.objective,
+            f"one of {', '.join(objective_names())} (an objective of your own registers with "
+            "workbench.objective_registry.register_objective)",
+        )
         require(obj.dpo_beta > 0, f"{p}dpo_beta", obj.dpo_beta, "must be > 0")
         require(obj.simpo_gamma >= 0, f"{p}simpo_gamma", obj.simpo_gamma, "must be >= 0")
     elif isinstance(obj, LoraConfig):
@@ -548,8 +556,7 @@ def _validate(obj: Any, prefix: str) -> None:
     elif isinstance(obj, GRPOConfig):
         validate_grpo(obj, p)
     elif isinstance(obj, WorkbenchConfig):
-        validate_run(obj)
-        validate_grpo_run(obj)
+        validate_run(obj)  # the core sections against each other, then the objective's own requirements
 
 
 def _validate_columns(obj: DataConfig, p: str) -> None:

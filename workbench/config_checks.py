@@ -1,6 +1,8 @@
 """The checks that read several sections of one `WorkbenchConfig` together (a key against another
-section's key), beside the per-section range checks in `workbench.config._validate`; and the names
-``train.report_to`` takes (`validate_report_to`), kept here to keep `workbench.config` to its fields.
+section's key), beside the per-section range checks in `workbench.config._validate`, then the run's
+objective's own (`workbench.objective_registry.Objective.check_config`: DPO's reference and batches,
+GRPO's rows and rewards); and the names ``train.report_to`` takes (`validate_report_to`), kept here to
+keep `workbench.config` to its fields.
 
 Each check is a ``require(ok, key, value, allowed)`` call, so `workbench.config_reference` lists its
 message under the key it names, as it does for `workbench.config`'s own.
@@ -9,19 +11,18 @@ message under the key it names, as it does for `workbench.config`'s own.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING
+from typing import Any
 
 from workbench.config_parse import require
+from workbench.objective_registry import objective_for
 
 REFERENCE_FREE_LOSSES = ("simpo", "orpo")
 """``train.dpo_loss`` values that need no reference model: no reference forward, no copy, no precompute."""
 
-if TYPE_CHECKING:
-    from workbench.config import TrainConfig, WorkbenchConfig
 
-
-def validate_run(obj: WorkbenchConfig) -> None:
-    """Keys of one section checked against another's: lengths, quantization, token budgets, DPO."""
+def validate_run(obj: Any) -> None:
+    """Keys of one section of a `workbench.config.WorkbenchConfig` checked against another's: lengths,
+    quantization, token budgets, pairs; then what the run's objective requires of the rest."""
     require(
         obj.data.max_length <= obj.model.max_position_embeddings or obj.model.pretrained_path is not None,
         "data.max_length",
@@ -46,40 +47,22 @@ def validate_run(obj: WorkbenchConfig) -> None:
         f"must be 0 while bucketing.tokens_per_batch={obj.bucketing.tokens_per_batch} is set "
         "(the token budget fixes every batch size); unset one of them",
     )
-    validate_preference(obj)
-
-
-def validate_preference(cfg: WorkbenchConfig) -> None:
-    """``train.objective: dpo`` against the rest: a reference it can have, pairs it can batch."""
-    train = cfg.train
-    if train.objective != "dpo":
-        require(
-            cfg.data.pair_by is None,
-            "data.pair_by",
-            cfg.data.pair_by,
-            "pairs responses for preference tuning: set train.objective=dpo, or data.pair_by=null",
-        )
-        return
+    objective = objective_for(obj)
     require(
-        train.dpo_reference != "adapters_off" or cfg.lora.rank > 0 or train.dpo_loss in REFERENCE_FREE_LOSSES,
-        "train.dpo_reference",
-        train.dpo_reference,
-        "'adapters_off' needs LoRA adapters (lora.rank >= 1); without them use 'copy' or 'precompute'",
+        obj.data.pair_by is None or objective.example_kind == "pairs",
+        "data.pair_by",
+        obj.data.pair_by,
+        "pairs responses for preference tuning: set train.objective=dpo, or data.pair_by=null",
     )
-    require(
-        not cfg.bucketing.packing,
-        "bucketing.packing",
-        cfg.bucketing.packing,
-        "must be false under train.objective=dpo: a pair's chosen and rejected answers are rows of their own",
-    )
+    objective.check_config(obj)
 
 
 REPORT_TO = ("none", "tensorboard", "trackio", "wandb")
 """The names `TrainConfig.report_to` takes (`workbench.trackers`)."""
 
 
-def validate_report_to(obj: TrainConfig, p: str) -> None:
-    """`TrainConfig.report_to`: tracker names (a list, or one name; 'a,b' is a list too), 'none' alone."""
+def validate_report_to(obj: Any) -> None:
+    """`TrainConfig.report_to` (of the ``train`` section `obj`): tracker names (a list, or one name; 'a,b' is a list too), 'none' alone."""
     value = obj.report_to
     if isinstance(value, str):
         value = [n.strip() for n in value.strip().removeprefix("[").removesuffix("]").split(",") if n.strip()]
@@ -88,14 +71,14 @@ def validate_report_to(obj: TrainConfig, p: str) -> None:
         close = difflib.get_close_matches(name, REPORT_TO, n=1, cutoff=0.6)
         require(
             name in REPORT_TO,
-            f"{p}report_to",
+            "train.report_to",
             obj.report_to,
             f"{name!r} is not a tracker{f'; did you mean {close[0]!r}?' if close else ''} (one of "
             f"{', '.join(REPORT_TO)}, or a list of them)",
         )
     require(
         "none" not in value or len(value) == 1,
-        f"{p}report_to",
+        "train.report_to",
         obj.report_to,
         "'none' stands alone: leave it out of a list of trackers",
     )

@@ -9,10 +9,12 @@ page and ``python -m workbench config --explain``) with nothing else to update:
 - the type is the field's hint in words (`workbench.config_parse.describe_type`), with the
   ``Literal`` choices listed;
 - the rules are the checks `workbench.config` runs beyond the type: every ``require(ok, name,
-  value, allowed)`` call in that module and in the modules of sections kept beside their room
-  (`VALIDATION_MODULES`: the ``grpo`` section's `workbench.rl.settings`), attributed to the key
-  its ``name`` spells (`validation_rules`), so a range such as "must be >= 1" is the message the validation itself
-  prints. A check on a name that is no field (``mesh.axes``) stays with its section.
+  value, allowed)`` call in that module, in the modules of sections kept beside it
+  (`VALIDATION_MODULES`: the ``grpo`` section's `workbench.config_grpo`) and in the registered
+  objectives' own checks (`workbench.objective_registry.Objective.check_config`, read from each
+  objective's class), attributed to the key its ``name`` spells (`validation_rules`), so a range such
+  as "must be >= 1" is the message the validation itself prints. A check on a name that is no field
+  (``mesh.axes``) stays with its section.
 
 `lookup` finds one key, or raises `ConfigError` with a did-you-mean suggestion.
 """
@@ -31,13 +33,15 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import workbench.config as config_module
 import workbench.config_checks as config_checks
-import workbench.rl.settings as grpo_settings
+import workbench.config_grpo as grpo_settings
 from workbench.config import WorkbenchConfig
 from workbench.config_parse import ConfigError, describe_type
+from workbench.objective_registry import registered_objectives
 
 VALIDATION_MODULES = (config_module, config_checks, grpo_settings)
 """The modules whose ``require`` calls validate config keys: `workbench.config`, its cross-section checks
-(`workbench.config_checks`) and the sections defined in their own rooms."""
+(`workbench.config_checks`) and the sections defined beside it; the registered objectives' classes add
+their own (`objective_sources`)."""
 
 
 @dataclass(frozen=True)
@@ -162,18 +166,29 @@ def validation_rules() -> dict[str, list[str]]:
     sections[WorkbenchConfig.__name__] = ""
     keys = {f"{s}.{f.name}" for s, cls in config_sections().items() for f in dataclasses.fields(cls)}
     rules: dict[str, list[str]] = {}
-    functions = [
-        node
-        for module in VALIDATION_MODULES
-        for node in ast.parse(inspect.getsource(module)).body
-        if isinstance(node, ast.FunctionDef)
-    ]
+    functions = [node for module in VALIDATION_MODULES for node in _functions(inspect.getsource(module))]
+    functions += [node for source in objective_sources() for node in _functions(source, methods=True)]
     for function in functions:
         # a helper such as `_validate_columns(obj: DataConfig, p)` checks the section its argument is
         annotated = [a.annotation for a in function.args.args if isinstance(a.annotation, ast.Name)]
         section = next((sections[a.id] for a in annotated if a.id in sections), None)
         _collect(function.body, section, {}, sections, keys, rules)
     return rules
+
+
+def objective_sources() -> list[str]:
+    """The source of every registered objective's class: its checks (`Objective.check_config`)."""
+    return [textwrap.dedent(inspect.getsource(type(objective))) for objective in registered_objectives()]
+
+
+def _functions(source: str, *, methods: bool = False) -> list[ast.FunctionDef]:
+    """The functions at the top of `source` and, with `methods`, its classes' methods."""
+    tree = ast.parse(source)
+    found = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    if methods:
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+        found += [node for cls in classes for node in cls.body if isinstance(node, ast.FunctionDef)]
+    return found
 
 
 def _collect(

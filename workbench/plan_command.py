@@ -137,11 +137,11 @@ def plan_chip(cfg: WorkbenchConfig, target: Any) -> ChipPlan:
         programs=programs,
         programs_note=note,
     )
-    if est.rollout is not None:  # GRPO: the rollout and the step never hold their transients at once
-        transient = est.rollout.training_transient_bytes
+    if est.objective_report is not None:  # GRPO: the rollout and the step never hold their transients at once
+        transient = est.objective_report.training_transient_bytes
         resident = est.total_bytes - est.breakdown.get("rollout", 0) - transient
         result.step_peak_bytes = resident + transient
-        result.rollout_peak_bytes = resident + est.rollout.peak_bytes
+        result.rollout_peak_bytes = resident + est.objective_report.peak_bytes
     return result
 
 
@@ -227,7 +227,7 @@ def chip_report(plan: ChipPlan, cfg: WorkbenchConfig) -> str:
         )
     lines.append(f"  total {format_bytes(est.total_bytes)} {verdict}")
     if plan.rollout_peak_bytes is not None:
-        rollout = est.rollout
+        rollout = est.objective_report
         lines.append(
             f"  GRPO: rollout peak {format_bytes(plan.rollout_peak_bytes)} (KV cache "
             f"{format_bytes(rollout.kv_cache_bytes)} and sampler {format_bytes(rollout.sampler_bytes)} for "
@@ -268,7 +268,7 @@ def summary(cfg: WorkbenchConfig, est: Any) -> str:
     what += f", {est.quantize} base" if est.quantize != "none" else ""
     what += f", {train.precision}"
     what += ", gradient checkpointing" if train.gradient_checkpointing else ""
-    if est.rollout is not None:
+    if est.objective_report is not None:
         grpo = cfg.grpo
         rows = f"{train.batch_size} prompt(s) x {grpo.num_generations} completions a micro-step"
         rows += f" of {cfg.data.max_length} + {grpo.max_completion_length} tokens"

@@ -62,7 +62,7 @@ def build(case: Case, *, seed: int = 0, num_layers: int = 2, init: float | None 
     """The case's eager model: the tiny config of its family with the case's overrides, seeded."""
     import transformers as tf
 
-    from workbench.models.families import FAMILIES
+    from workbench.families import FAMILIES
 
     family = FAMILIES[case.family]
     kwargs = family.config_kwargs(tiny(case.family, num_layers=num_layers), None)

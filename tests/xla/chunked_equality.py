@@ -19,9 +19,9 @@ from tests.tiny import tiny
 from tests.xla import run
 from workbench.backend.xla import runtime
 from workbench.models.build import build_model
+from workbench.objectives.distillation import DistillationObjective, DistillSettings
 from workbench.parallel.apply import move_model, shard_batch, shard_model
 from workbench.parallel.mesh import MeshSpec
-from workbench.train.distill import DistillationObjective, DistillSettings
 from workbench.train.objective import CausalLMObjective, LossChunking
 
 

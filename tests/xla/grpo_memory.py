@@ -19,10 +19,10 @@ from workbench.analysis.probe import compiled_program_memory, compiled_step_memo
 from workbench.analysis.rollout_memory import RolloutPlan
 from workbench.backend.xla import runtime
 from workbench.config import ModelConfig
+from workbench.config_grpo import GRPOConfig
 from workbench.models.build import build_model
 from workbench.models.inputs import model_inputs
 from workbench.rl.loss import GRPOObjective, completion_logps
-from workbench.rl.settings import GRPOConfig
 from workbench.train.objective import LossChunking
 
 CFG = ModelConfig(
@@ -113,7 +113,7 @@ def main() -> dict[str, Any]:
             batch_size=prompts,
             seq_len=prompt_length,
             precision="fp32",
-            rollout=logits_plan,
+            objective=logits_plan,
             loss_chunk_tokens=chunk,
             lora_rank=LORA_RANK,
         ).total_bytes
@@ -124,7 +124,7 @@ def main() -> dict[str, Any]:
     return {
         "grpo_compiled": grpo_step_memory(CFG, prompts, plan, prompt_length, GRPOObjective(settings)),
         "grpo_estimate": estimate(
-            CFG, batch_size=prompts, seq_len=prompt_length, precision="fp32", rollout=plan
+            CFG, batch_size=prompts, seq_len=prompt_length, precision="fp32", objective=plan
         ).total_bytes,
         "sft_compiled": compiled_step_memory(CFG, batch_size=rows, seq_len=length).peak_bytes,
         "sft_estimate": estimate(CFG, batch_size=rows, seq_len=length, precision="fp32").total_bytes,

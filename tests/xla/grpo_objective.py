@@ -15,9 +15,9 @@ from tests.tiny import tiny
 from tests.xla import run
 from workbench.backend.xla import runtime
 from workbench.config import LoraConfig
+from workbench.config_grpo import GRPOConfig
 from workbench.models.build import build_model
 from workbench.rl.loss import GRPOObjective
-from workbench.rl.settings import GRPOConfig
 from workbench.train.lora import apply_lora
 from workbench.train.objective import LossChunking
 

@@ -2,9 +2,9 @@
 
 `config_settings` gives `workbench.analysis.estimate.estimate` (and the batch finder, the config
 panel, the dynamic batch's cap) the settings a config fixes: optimizer, precision, checkpointing,
-accumulation, LoRA, quantization, loss chunks, a DPO run's reference (`preference_reference`), a
-GRPO run's rollout (`workbench.analysis.rollout_memory.rollout_plan`), the layers' checkpoints in host
-memory and the MLP in tiles (`workbench.analysis.long_context`). The batch, the length, the
+accumulation, LoRA, quantization, loss chunks, the run's objective's term
+(`workbench.objective_registry.Objective.memory`: a DPO run's pairs and reference, a GRPO run's
+rollout), the layers' checkpoints in host memory and the MLP in tiles (`workbench.analysis.long_context`). The batch, the length, the
 mesh, the device's memory and the attention kernel its hardware runs are the caller's.
 """
 
@@ -12,30 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.analysis.rollout_memory import rollout_plan
-from workbench.config import REFERENCE_FREE_LOSSES
-
-
-def preference_reference(cfg: Any) -> str | None:
-    """The reference a `WorkbenchConfig` plans for under ``train.objective: dpo`` (None otherwise):
-    'auto' is 'adapters_off' under LoRA, 'copy' without (a run continuing trained adapters
-    precomputes instead, which needs less: the estimate stays on the safe side)."""
-    train = cfg.train
-    if train.objective != "dpo":
-        return None
-    if (
-        train.dpo_loss in REFERENCE_FREE_LOSSES
-    ):  # reference-free: no reference forward, no copy, as precomputed
-        return "precompute"
-    if train.dpo_reference != "auto":
-        return str(train.dpo_reference)
-    return "adapters_off" if cfg.lora.rank else "copy"
+from workbench.analysis.objective_memory import NEXT_TOKEN
+from workbench.objective_registry import objective_for
 
 
 def config_settings(cfg: Any) -> dict[str, Any]:
     """`estimate`'s arguments as a `WorkbenchConfig` sets them (optimizer, precision, checkpointing,
-    accumulation, LoRA, quantization, loss chunks, the DPO reference, the GRPO rollout, activation
-    offload, MLP tiles); the batch, the
+    accumulation, LoRA, quantization, loss chunks, the objective's term, activation offload, MLP tiles); the batch, the
     length, the mesh, the device's memory and the attention kernel its hardware runs are the caller's.
     Under ``train.objective: grpo`` the batch counts prompts and the length is the prompt's
     (``data.max_length``): the rollout adds the completions."""
@@ -49,8 +32,7 @@ def config_settings(cfg: Any) -> dict[str, Any]:
         lora_targets=cfg.lora.target_modules,
         quantize=cfg.model.quantize,
         loss_chunk_tokens=train.loss_chunk_tokens,
-        preference=preference_reference(cfg),
-        rollout=rollout_plan(cfg),
+        objective=objective_for(cfg).memory(cfg) or NEXT_TOKEN,  # what an example is: a row, a pair, G rows
         offload_activations=train.offload_activations,
         mlp_chunk_tokens=cfg.model.mlp_chunk_tokens,
     )

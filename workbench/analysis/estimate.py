@@ -7,24 +7,14 @@ scores, with and without activation checkpointing), the logits and loss temporar
 the batch itself. A mesh (`MeshSpec` sizes; nothing is built) divides parameters, gradients
 and optimizer state over ``fsdp x model`` and the batch over ``data x fsdp``.
 
-The activation formula counts the tensors autograd saves in the `transformers`
-implementations, per token of one layer (H hidden, h heads of size d, I MLP width, T length):
-
-    H                 the layer input (all that checkpointing keeps)
-    2H + 2H           each norm's input and normalised output (kept in fp32 by HF norms)
-    4hd               q, k and v after repeat_kv (GQA materialises k and v for every head),
-                      and the attention output that feeds o_proj
-    hT                the softmax probabilities, when attention is materialised ("eager");
-                      a flash/fused kernel or chunked attention keeps only a per-head log-sum-exp
-    4I (gated MLP)    gate, up, act(gate), act(gate)*up; 2I for a plain MLP (GPT-2)
-
-beside what is saved, one layer's backward pass holds attention temporaries
-(`attention_transient_elements_per_token`: eager's ``2hT`` gradients of the probabilities and scores
-and its ``T``-wide mask, chunked's three copies of one query block's scores), which only add where
-they exceed the loss's logits (freed before the layers' backward passes); and the loss keeps 4
-vocab-sized fp32 tensors per token (logits, log-softmax and the two
-gradients: HF upcasts logits to fp32 for the loss). With checkpointing a layer keeps only
-its input, and one layer at a time is recomputed in the backward pass.
+The activations are a per-layer formula of the tensors autograd saves in the `transformers`
+implementations (`workbench.analysis.activations`), beside which one layer's backward pass holds its
+attention temporaries, which only add where they exceed the loss's logits (freed before the layers'
+backward passes); the loss keeps 4 vocab-sized fp32 tensors per token (logits, log-softmax and the two
+gradients: HF upcasts logits to fp32 for the loss). The bytes of each tensor come from the precision,
+the optimizer's state from the optimizer (`workbench.analysis.state_bytes`). What the objective adds
+(a pair's two rows and a DPO reference copy, GRPO's rollout) is its term's
+(`workbench.analysis.objective_memory`): the estimate asks it and names no objective.
 
 Two settings shrink the largest terms of a LoRA run on a big model. A chunked loss
 (``train.loss_chunk_tokens``, `workbench.models.lm_head.loss_chunk_length`: the same rule the
@@ -65,7 +55,8 @@ LoRA rows on XLA:CPU come out high by up to a quarter of the logits term.
 
 The model's shape comes from the family registry (`model_shape`, `workbench.analysis.shape`,
 re-exported here); the largest batch that fits is `workbench.analysis.batch`'s question. A GRPO step
-(``rollout=``) trains rows of prompt + completion after a rollout: `workbench.analysis.rollout_memory`.
+(``objective=`` a `workbench.analysis.rollout_memory.RolloutPlan`) trains rows of prompt + completion
+after a rollout.
 """
 
 from __future__ import annotations
@@ -73,23 +64,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
+
+# `estimate`'s arguments from a run's config: their own module's, importable from here as before
+from workbench.analysis.activations import ATTENTIONS, activation_elements_per_token
+from workbench.analysis.activations import estimate_attention as estimate_attention
 
 # `estimate`'s arguments from a run's config: their own module's, importable from here as before
 from workbench.analysis.config_estimate import config_settings as config_settings
-from workbench.analysis.config_estimate import preference_reference as preference_reference
 from workbench.analysis.long_context import HOST_KEYS, LONG_CONTEXT_MEANINGS, long_context_terms
-from workbench.analysis.rollout_memory import (
-    ROLLOUT_MEANINGS,
-    RolloutPlan,
-    grpo_input_bytes,
-    grpo_logits_bytes,
-    rollout_memory,
-)
+from workbench.analysis.objective_memory import NEXT_TOKEN, StepContext, StepRows
+from workbench.analysis.preference_memory import REFERENCE_MEANINGS
+from workbench.analysis.rollout_memory import ROLLOUT_MEANINGS
 from workbench.analysis.shape import ModelShape, model_shape, quantized_matrices
 from workbench.analysis.shape import lora_adapter_shapes as lora_adapter_shapes
+from workbench.analysis.state_bytes import bytes_for, optimizer_state_elements, state_elements
 from workbench.config import ModelConfig
-from workbench.models.lm_head import logits_bytes, loss_chunk_length
+from workbench.models.lm_head import loss_chunk_length
 from workbench.models.quantize import QUANTIZE_MODES, quantized_weight_bytes
 
 # The mesh sizes and the batch divisibility rule are the mesh's own, so the estimate refuses
@@ -97,13 +88,6 @@ from workbench.models.quantize import QUANTIZE_MODES, quantized_weight_bytes
 from workbench.parallel.mesh import axis_sizes_of, batch_size_problem, data_parallel_size
 from workbench.units import GiB, format_bytes
 
-Precision = Literal["fp32", "bf16-mixed", "bf16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16-mixed", "bf16")
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adafactor", "sgd")
-ATTENTIONS: tuple[str, ...] = ("eager", "sdpa", "flash", "chunked")
-CHUNKED_BLOCK_COPIES = 3
-"""Score-sized fp32 tensors of one query block live at once under chunked attention (scores,
-probabilities and, in the backward pass, their gradient)."""
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "params",
     "grads",
@@ -115,14 +99,11 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
     "param_casts",
     "grad_accum_buffer",
     "dequant",
-    "reference",
+    *REFERENCE_MEANINGS,
     *ROLLOUT_MEANINGS,
     *HOST_KEYS,
 )
 """Every key of `MemoryEstimate.breakdown`, in display order (`HOST_KEYS`, in host memory, last)."""
-
-PREFERENCE_REFERENCES = ("adapters_off", "copy", "precompute")
-"""How a DPO run gets its reference log-probs (``train.dpo_reference`` resolved; `preference_reference`)."""
 
 
 BREAKDOWN_MEANINGS: dict[str, str] = {
@@ -136,58 +117,11 @@ BREAKDOWN_MEANINGS: dict[str, str] = {
     "param_casts": "autocast's compute-precision copies of fp32 weights",
     "grad_accum_buffer": "the running gradient sum under gradient accumulation",
     "dequant": "the largest int4 weight dequantized to the compute precision for its matmul (an int4 head under a chunked loss: two copies)",
-    "reference": "DPO's frozen reference copy of the starting weights, in the parameter precision",
+    **REFERENCE_MEANINGS,
     **ROLLOUT_MEANINGS,
     **LONG_CONTEXT_MEANINGS,
 }
 """What each breakdown part holds, for legends and tables."""
-
-
-# ---- precision and optimizer -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Bytes:
-    param: int
-    grad: int
-    compute: int
-    """Activations and the weights as the matmuls see them."""
-    state: int
-    """One optimizer state element."""
-
-
-def _bytes_for(precision: str) -> _Bytes:
-    if precision == "fp32":
-        return _Bytes(param=4, grad=4, compute=4, state=4)
-    if precision == "bf16-mixed":  # fp32 master weights, grads and state; bf16 autocast compute
-        return _Bytes(param=4, grad=4, compute=2, state=4)
-    if precision == "bf16":  # everything in bf16
-        return _Bytes(param=2, grad=2, compute=2, state=2)
-    raise ValueError(f"precision={precision!r} is not allowed: one of {', '.join(map(repr, PRECISIONS))}")
-
-
-def optimizer_state_elements(shape: ModelShape, optimizer: str) -> int:
-    """Optimizer state elements for the whole model.
-
-    What `workbench.train.optim.build_optimizer` creates: adamw, two moments per parameter;
-    adafactor (no momentum), a row and a column second-moment vector per matrix, the full
-    second moment for vectors; sgd (momentum 0.9), one momentum buffer per parameter.
-    """
-    if optimizer in ("adamw", "sgd"):  # counted from the real model's parameter total when there is one
-        return (2 if optimizer == "adamw" else 1) * shape.num_parameters
-    return state_elements([s for _, s in shape.parameter_shapes()], optimizer)
-
-
-def state_elements(shapes: list[tuple[int, ...]], optimizer: str) -> int:
-    """Optimizer state elements for parameters of `shapes` (see `optimizer_state_elements`)."""
-    n = sum(math.prod(s) for s in shapes)
-    if optimizer == "adamw":
-        return 2 * n
-    if optimizer == "sgd":
-        return n
-    if optimizer == "adafactor":
-        return sum(s[0] + s[1] if len(s) == 2 else math.prod(s) for s in shapes)
-    raise ValueError(f"optimizer={optimizer!r} is not allowed: one of {', '.join(map(repr, OPTIMIZERS))}")
 
 
 # ---- the estimate ----------------------------------------------------------------------
@@ -223,15 +157,16 @@ class MemoryEstimate:
     loss_chunk_positions: int | None = None
     """Positions per chunk of the LM head and loss (`workbench.models.lm_head.loss_chunk_length`);
     None: the whole batch's logits at once."""
-    preference: str | None = None
-    """A DPO step's reference (`PREFERENCE_REFERENCES`): each of the batch's pairs is two rows; None: SFT."""
+    objective: StepRows = NEXT_TOKEN
+    """The objective's term (`workbench.analysis.objective_memory`): what an example is in the rows."""
     scores_bytes: int = 0
     """Of the activations, the attention scores: every layer's under 'eager' (one layer's when
     checkpointed), one query block's under 'chunked', none under 'flash'/'sdpa'."""
     eager_scores_bytes: int = 0
     """What the scores would hold under 'eager', for comparison."""
-    rollout: Any = None
-    """A GRPO step's rollout, whole (`workbench.analysis.rollout_memory.RolloutMemory`); None: no rollout."""
+    objective_report: Any = None
+    """The objective's own figures beside the breakdown (GRPO's rollout, whole:
+    `workbench.analysis.rollout_memory.RolloutMemory`); None: none."""
     host_bytes: int = 0
     """Host memory the step takes beside the device's `total_bytes`: the `HOST_KEYS` parts (offloaded checkpoints)."""
     offload_activations: bool = False
@@ -286,79 +221,6 @@ def mesh_sizes(mesh: Any) -> dict[str, int]:
     return out
 
 
-def activation_elements_per_token(
-    shape: ModelShape, seq_len: int, *, gradient_checkpointing: bool = False, model_parallel: int = 1
-) -> dict[str, float]:
-    """Elements saved per token for the backward pass: ``{"layer": one layer, "all_layers": all,
-    "fp32_part": of those, the norm tensors HF keeps in fp32, "scores": attention probabilities saved,
-    "attention_transient": fp32 attention temporaries of one layer, not saved}`` (`attention_transient_elements_per_token`)."""
-    H, inner, mp = shape.hidden, shape.heads * shape.head_dim, model_parallel
-    norms = 2 * shape.norms_per_layer * H  # each norm's input + normalised output
-    qkvo = 4 * inner / mp
-    scores = shape.heads * seq_len / mp if shape.attention == "eager" else 0.0
-    mlp = (4 if shape.gated_mlp else 2) * shape.intermediate / mp
-    layer = H + norms + qkvo + scores + mlp
-    if gradient_checkpointing:
-        # every layer keeps its input; the backward pass recomputes one layer at a time
-        all_layers = shape.layers * H + (norms + qkvo + scores + mlp)
-        fp32_norms = norms
-        n_scores = scores
-    else:
-        all_layers = shape.layers * layer
-        fp32_norms = shape.layers * norms
-        n_scores = shape.layers * scores
-    final = 3 * H  # embedding output, final norm input + output
-    return {
-        "layer": layer,
-        "all_layers": all_layers + final,
-        "fp32_part": fp32_norms + 2 * H,
-        "scores": n_scores,
-        "attention_transient": attention_transient_elements_per_token(shape, seq_len, model_parallel=mp),
-    }
-
-
-def estimate_attention(setting: str, target: Any, *, seq_len: int, model_config: Any = None) -> str:
-    """The kernel ``model.attention=setting`` runs on `target` (a `workbench.backend.targets.Target`)
-    for rows of `seq_len` tokens and the model of `model_config` (its logit softcap and attention
-    dropout): the one the estimate should price. A TPU chip (v2 ... v6e) runs flash; a GPU, sdpa; the
-    CPU is planned as XLA:CPU (the workbench's CPU device under ``PJRT_DEVICE=CPU``)."""
-    from workbench.models.attention_choice import (
-        has_attention_dropout,
-        has_softcap,
-        readable_config,
-        resolve_attention,
-    )
-
-    tpu = target.chip[:1] == "v" and target.chip[1:2].isdigit()
-    device_type = "xla" if tpu or target.chip == "cpu" else "cuda"
-    config = readable_config(model_config)  # read once for both questions
-    return resolve_attention(
-        setting,
-        device_type=device_type,
-        is_tpu=tpu,
-        seq_len=seq_len,
-        softcap=has_softcap(config),
-        dropout=has_attention_dropout(config),
-    )[0]
-
-
-def attention_transient_elements_per_token(
-    shape: ModelShape, seq_len: int, *, model_parallel: int = 1
-) -> float:
-    """fp32 elements per token of the attention temporaries one layer holds and frees (its backward
-    pass's peak), on top of what is saved: under 'eager' the gradients of one layer's probabilities and
-    scores (``2 x heads x T``) and transformers' ``[rows, 1, T, T]`` additive mask (``T``); under
-    'chunked' `CHUNKED_BLOCK_COPIES` copies of one query block's scores (``heads x block``, the block
-    from `workbench.models.attention.query_chunk`); none under the fused kernels."""
-    from workbench.models.attention import query_chunk
-
-    if shape.attention == "eager":
-        return 2 * shape.heads * seq_len / model_parallel + seq_len
-    if shape.attention == "chunked":
-        return CHUNKED_BLOCK_COPIES * shape.heads * query_chunk(seq_len) / model_parallel
-    return 0.0
-
-
 def estimate(
     model_config: Any,
     *,
@@ -375,8 +237,7 @@ def estimate(
     quantize: str | None = None,
     loss_chunk_tokens: int | str = "auto",
     memory_bytes: int | None = None,
-    preference: str | None = None,
-    rollout: RolloutPlan | None = None,
+    objective: StepRows = NEXT_TOKEN,
     offload_activations: str = "off",
     mlp_chunk_tokens: int | str | None = "model",
 ) -> MemoryEstimate:
@@ -402,23 +263,17 @@ def estimate(
     `loss_chunk_tokens` (``train.loss_chunk_tokens``: tokens per chunk, 0 never, 'auto') sizes
     the logits term by `loss_chunk_length`; 'auto' plans for `memory_bytes`, the device's memory
     (None: `workbench.models.lm_head.REFERENCE_MEMORY`), as the trainer does.
-    `preference` (a DPO run's reference, `PREFERENCE_REFERENCES`; `preference_reference` reads it
-    from a config): `batch_size` counts pairs, each a chosen and a rejected row through the forward
-    and backward passes; 'copy' adds the frozen reference's weights in the parameter precision. The
-    reference's own forward runs without gradients before the policy's and keeps nothing for the
-    backward pass, so it adds nothing at the step's peak.
-    `rollout` (GRPO, `workbench.analysis.rollout_memory`): `batch_size` counts prompts and `seq_len` is the
-    prompt's length; each prompt's G completions train as rows of prompt + completion budget (the
-    estimate's ``seq_len``), after a rollout whose KV cache and sampler buffers the step's peak covers.
+    `objective` (`workbench.analysis.objective_memory.StepRows`; a config's through `config_settings`)
+    says what an example of `batch_size` is: by default a row of `seq_len` tokens with the next-token
+    loss at every position; a preference pair (`workbench.analysis.preference_memory.PairRows`) a chosen and a rejected row, with a 'copy'
+    reference's weights; a GRPO prompt (`workbench.analysis.rollout_memory.RolloutPlan`, `seq_len` the
+    prompt's length) its G completions' rows of prompt + completion budget, after a rollout whose KV
+    cache and sampler buffers the step's peak covers.
     `offload_activations` ('auto', 'on', 'off'; default off) and `mlp_chunk_tokens` (N, 'auto', None;
     default: a `ModelConfig`'s own, else None): the layers' checkpoints in host memory (``host_bytes``)
     and the MLP in tiles (`workbench.analysis.long_context`); a config's own through `config_settings`.
     """
     settings = dict(locals())  # every argument: 'auto' offload asks for the estimate without it
-    if preference is not None and preference not in PREFERENCE_REFERENCES:
-        raise ValueError(
-            f"preference={preference!r} is not allowed: None (SFT) or one of {', '.join(map(repr, PREFERENCE_REFERENCES))}"
-        )
     shape = model_shape(model_config)
     if attention is not None:
         if attention not in ATTENTIONS:
@@ -429,7 +284,7 @@ def estimate(
     check_positive("batch_size", batch_size)
     check_positive("seq_len", seq_len)
     check_positive("grad_accum", grad_accum)
-    nbytes = _bytes_for(precision)
+    nbytes = bytes_for(precision)
     sizes = mesh_sizes(mesh)
     problem = batch_size_problem(batch_size, sizes)
     if problem is not None:
@@ -438,9 +293,8 @@ def estimate(
     shard = sizes["fsdp"] * sizes["model"]  # parameter/state sharding
     mp = sizes["model"]
     per_device_batch = batch_size // dp
-    rows = per_device_batch * (2 if preference is not None else 1)  # a pair is two rows
-    prompt_length, rows = seq_len, rows * (rollout.num_generations if rollout is not None else 1)
-    seq_len += rollout.completion_positions if rollout is not None else 0  # GRPO: prompt + completion rows
+    rows = per_device_batch * objective.rows_per_example  # a pair is two rows, a GRPO prompt G
+    prompt_length, seq_len = seq_len, objective.positions(seq_len)  # GRPO: prompt + completion rows
     tokens = rows * seq_len
     n = shape.num_parameters
 
@@ -490,8 +344,8 @@ def estimate(
     chunk = loss_chunk_length(
         loss_chunk_tokens,
         rows=rows,
-        # GRPO's objective takes the head at the completion's positions only, chunked by the same rule
-        length=rollout.completion_positions if rollout is not None else seq_len,
+        # where the head runs (GRPO: the completion's positions only), chunked by the same rule
+        length=objective.head_positions(seq_len),
         vocab=shape.vocab,
         memory_bytes=memory_bytes,
         model_parallel=mp,
@@ -519,10 +373,14 @@ def estimate(
     # A layer's attention temporaries live inside its backward pass, after the loss's logits are
     # freed: the peak holds the larger of the two (measured on XLA:CPU at 2048 and 4096 tokens,
     # tests/xla/attention_estimate.py), so only their excess over the logits term is added
-    if rollout is not None:
-        logits = grpo_logits_bytes(rows, rollout, shape.vocab, mp, chunk, frozen_head=bool(lora_rank))
-    else:
-        logits = logits_bytes(rows=rows, positions=chunk or seq_len, vocab=shape.vocab, model_parallel=mp)
+    logits = objective.logits_bytes(
+        rows=rows,
+        positions=seq_len,
+        chunk=chunk,
+        vocab=shape.vocab,
+        model_parallel=mp,
+        frozen_head=bool(lora_rank),
+    )
     transient = math.ceil(tokens * act["attention_transient"] * 4)
     scores_bytes = math.ceil(tokens * scores * score_bytes) + transient
     eager = ModelShape(**{**shape.__dict__, "attention": "eager"})
@@ -543,24 +401,20 @@ def estimate(
     # logits and log-softmax in fp32 plus their gradients (vocab-parallel under a model axis), for
     # the whole batch or, chunked, one chunk of positions of every row
     breakdown["logits"] = logits
-    if preference == "copy":  # the frozen reference: the starting weights again, as the policy holds them
-        breakdown["reference"] = math.ceil((plain * nbytes.param + q_bytes) / shard)
-    breakdown["inputs"] = tokens * 2 * 8  # input_ids and labels, int64
-    grpo = None
-    if rollout is not None:
-        transient = breakdown["activations"] + breakdown["logits"]
-        grpo, parts = rollout_memory(
-            model_config,
-            shape,
-            rollout,
-            rows=rows,
-            prompt_length=prompt_length,
-            param_bytes=nbytes.param,
-            compute_bytes=nbytes.compute,
-            model_parallel=mp,
-            training_transient_bytes=transient,
-        )
-        breakdown.update(parts, inputs=grpo_input_bytes(rows, prompt_length, rollout))
+    breakdown["inputs"] = objective.input_bytes(rows=rows, positions=seq_len, prompt_length=prompt_length)
+    step = StepContext(
+        model_config=model_config,
+        shape=shape,
+        rows=rows,
+        prompt_length=prompt_length,
+        param_bytes=nbytes.param,
+        compute_bytes=nbytes.compute,
+        model_parallel=mp,
+        weight_bytes=base_weight_bytes,
+        training_transient_bytes=breakdown["activations"] + breakdown["logits"],
+    )
+    parts, report = objective.extra_parts(step)  # a DPO copy's weights, GRPO's rollout beyond the step's
+    breakdown.update(parts)
 
     return MemoryEstimate(
         total_bytes=int(sum(v for k, v in breakdown.items() if k not in HOST_KEYS)),
@@ -580,10 +434,10 @@ def estimate(
         base_weight_bytes=base_weight_bytes,
         unquantized_weight_bytes=math.ceil(n * nbytes.param / shard),
         loss_chunk_positions=chunk,
-        preference=preference,
+        objective=objective,
         scores_bytes=scores_bytes,
         eager_scores_bytes=eager_scores_bytes,
-        rollout=grpo,
+        objective_report=report,
         host_bytes=int(sum(breakdown[k] for k in HOST_KEYS)),
         offload_activations=long.offload,
         mlp_chunk_positions=long.tile_positions,

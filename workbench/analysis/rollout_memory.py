@@ -9,7 +9,8 @@ rows. Per device, against a supervised step of ``batch_size`` rows of ``data.max
   prompt left-padded to its bucket (at most ``data.max_length``) followed by the rollout's
   completion budget: ``max_completion_length`` rounded up to 16 (`workbench.decoding.cache_budget`,
   the sampler's fixed decode length). `workbench.analysis.estimate.estimate` prices the step's
-  activations over those rows, its logits as the GRPO objective takes them (`grpo_logits_bytes`:
+  activations over those rows (`RolloutPlan` is GRPO's term there, a
+  `workbench.analysis.objective_memory.StepRows`), its logits as the GRPO objective takes them (`grpo_logits_bytes`:
   the completion's positions only, in chunks of positions under ``train.loss_chunk_tokens``, the
   next-token loss's rule), and its inputs: ids, attention mask and position ids (int64 over every
   position), the completion mask (fp32) and the advantages, for every micro-step of the generation
@@ -40,6 +41,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.analysis.activations import activation_elements_per_token
+from workbench.analysis.objective_memory import StepContext, StepRows
 from workbench.analysis.shape import ModelShape
 from workbench.models.build import transformers_config_of
 
@@ -60,8 +63,9 @@ ROLLOUT_MEANINGS: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class RolloutPlan:
-    """What a GRPO step's memory depends on, beside the batch and the prompt length (`estimate`'s ``rollout``)."""
+class RolloutPlan(StepRows):
+    """What a GRPO step's memory depends on, beside the batch and the prompt length: GRPO's term in the
+    estimate (`estimate`'s ``objective``; `workbench.objectives.grpo.GRPO.memory` makes a config's)."""
 
     num_generations: int
     """G: completions per prompt (``grpo.num_generations``)."""
@@ -85,26 +89,54 @@ class RolloutPlan:
         """The completion budget: `max_completion_length` rounded up to `COMPLETION_MULTIPLE`."""
         return -(-self.max_completion_length // COMPLETION_MULTIPLE) * COMPLETION_MULTIPLE
 
+    @property
+    def rows_per_example(self) -> int:  # type: ignore[override]
+        """A prompt trains its G completions."""
+        return self.num_generations
 
-def rollout_plan(cfg: Any) -> RolloutPlan | None:
-    """The `RolloutPlan` of a `WorkbenchConfig` under ``train.objective: grpo``; None for any other objective."""
-    if cfg.train.objective != "grpo":
-        return None
-    from workbench.config import keeps_old_logps, steps_per_generation
+    def positions(self, length: int) -> int:
+        """A prompt of `length` and the completion budget."""
+        return length + self.completion_positions
 
-    grpo = cfg.grpo
-    return RolloutPlan(
-        grpo.num_generations,
-        grpo.max_completion_length,
-        grpo.num_iterations,
-        steps_per_generation=steps_per_generation(cfg),
-        old_logps=keeps_old_logps(cfg),
-    )
+    def head_positions(self, positions: int) -> int:
+        """The head runs on the completion's positions only."""
+        return self.completion_positions
+
+    def logits_bytes(
+        self,
+        *,
+        rows: int,
+        positions: int,
+        chunk: int | None,
+        vocab: int,
+        model_parallel: int,
+        frozen_head: bool,
+    ) -> int:
+        return grpo_logits_bytes(rows, self, vocab, model_parallel, chunk, frozen_head=frozen_head)
+
+    def input_bytes(self, *, rows: int, positions: int, prompt_length: int) -> int:
+        return grpo_input_bytes(rows, prompt_length, self)
+
+    def extra_parts(self, step: StepContext) -> tuple[dict[str, int], Any]:
+        """The rollout's cache and buffers beyond the step's transients, the old log-probs; and the
+        rollout whole (`RolloutMemory`) for display."""
+        memory, parts = rollout_memory(
+            step.model_config,
+            step.shape,
+            self,
+            rows=step.rows,
+            prompt_length=step.prompt_length,
+            param_bytes=step.param_bytes,
+            compute_bytes=step.compute_bytes,
+            model_parallel=step.model_parallel,
+            training_transient_bytes=step.training_transient_bytes,
+        )
+        return parts, memory
 
 
 @dataclass(frozen=True)
 class RolloutMemory:
-    """A GRPO step's rollout per device, whole: what `MemoryEstimate.rollout` shows beside the breakdown."""
+    """A GRPO step's rollout per device, whole: what `MemoryEstimate.objective_report` shows beside the breakdown."""
 
     rows: int
     """Completions sampled per device by one rollout: prompts per device x G x steps per generation."""
@@ -177,8 +209,6 @@ def rollout_memory(
     the rollout samples `plan.steps_per_generation` times as many), and the breakdown parts it adds
     (`ROLLOUT_MEANINGS`): the cache in the weights' precision (`param_bytes`), the prefill layer in the
     compute precision, the old log-probs when the plan keeps them."""
-    from workbench.analysis.estimate import activation_elements_per_token  # its formula, one layer's worth
-
     budget = plan.completion_positions
     rows = rows * plan.steps_per_generation  # the generation batch
     cache = kv_cache_bytes(

@@ -1,7 +1,7 @@
 """The sizes of a decoder-only transformer that memory and FLOPs depend on, read from any config.
 
 `model_shape` turns a `transformers` config or model, or a workbench `ModelConfig`, into a
-`ModelShape` through the family registry (`workbench.models.families`: where each family's
+`ModelShape` through the family registry (`workbench.families`: where each family's
 config keeps its sizes and how its blocks are laid out). `ModelShape.parameter_shapes` lists
 every parameter tensor the family's `transformers` implementation creates, the ground the
 memory estimate (`workbench.analysis.estimate`) and the FLOPs count (`workbench.analysis.flops`)
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.families import FAMILIES, FAMILY_NAMES
 from workbench.models.build import transformers_config_of
-from workbench.models.families import FAMILIES, FAMILY_NAMES
 from workbench.models.quantize import logical_parameter_count
 
 
@@ -26,7 +26,7 @@ class ModelShape:
     """The sizes of a decoder-only transformer that memory and FLOPs depend on."""
 
     family: str
-    """`transformers` model_type: a name in `workbench.models.families.FAMILIES`."""
+    """`transformers` model_type: a name in `workbench.families.FAMILIES`."""
     hidden: int
     layers: int
     heads: int
@@ -141,7 +141,7 @@ class ModelShape:
 def model_shape(model_config: Any) -> ModelShape:
     """The `ModelShape` of a `transformers` config, a model (``.config``), or a workbench `ModelConfig`.
 
-    The family (``config.model_type``) must be in `workbench.models.families.FAMILIES`, whose
+    The family (``config.model_type``) must be in `workbench.families.FAMILIES`, whose
     entry says where the config keeps the sizes and how the family's blocks are laid out.
     """
     real_params: int | None = None

@@ -29,11 +29,12 @@ from typing import Any
 
 from workbench.backend.multihost import shard_for_host
 from workbench.backend.xla import runtime
-from workbench.data import formats, preference, prompts
+from workbench.data import formats
 from workbench.data.chat import IGNORE_INDEX, chat_example
 from workbench.data.corpus import CHAT_SAMPLE, embedded_corpus
 from workbench.data.local_files import PlaceRecord, load_source
 from workbench.data.tokenizer import get_tokenizer, missing_chat_template, tokenizer_setting
+from workbench.objective_registry import objective_for
 
 # ---- records ---------------------------------------------------------------------------------
 
@@ -176,9 +177,9 @@ def build_datasets(
 ) -> tuple[Any, Any, Any]:
     """(train, eval or None, tokenizer) for `cfg`: load, tokenise, split, and shard train by host.
 
-    Under ``train.objective: dpo`` the examples are preference pairs
-    (`workbench.data.preference.load_pairs`, `tokenize_pairs`); under ``grpo`` tokenised prompts
-    with their answers (`workbench.data.prompts.build_prompts`); otherwise SFT records.
+    The examples are the run's objective's (`workbench.objective_registry.Objective.examples`, for
+    ``train.objective``): SFT records (`load_records`, `tokenize_records`), preference pairs
+    (`workbench.data.preference`) or prompts with their answers (`workbench.data.prompts`).
 
     The eval split is a seeded random `data.eval_fraction` of the examples (at least one when
     the fraction is above 0); on a multi-host run each host keeps its equal share of the train
@@ -187,12 +188,7 @@ def build_datasets(
     tokenizer = (
         tokenizer if tokenizer is not None else get_tokenizer(cfg.data, cache_dir, cfg.model.pretrained_path)
     )
-    if cfg.train.objective == "dpo":
-        tokenized = preference.tokenize_pairs(preference.load_pairs(cfg.data, cache_dir), tokenizer, cfg.data)
-    elif cfg.train.objective == "grpo":
-        tokenized = prompts.build_prompts(cfg, tokenizer, cache_dir)
-    else:
-        tokenized = tokenize_records(load_records(cfg.data, cache_dir), tokenizer, cfg.data)
+    tokenized = objective_for(cfg).examples(cfg, tokenizer, cache_dir)
     if len(tokenized) == 0:
         raise ValueError(f"data.source={cfg.data.source!r} gave no usable examples after tokenisation")
     train_ds, eval_ds = split_eval(tokenized, cfg.data.eval_fraction, cfg.train.seed)

@@ -111,7 +111,7 @@ def _config_view(cfg: Any, roots: DoctorRoots) -> tuple[SimpleNamespace, Path | 
             raise MissingCheckpoint(
                 f"model.pretrained_path={model.pretrained_path!r}: {config_file} unreadable ({err})"
             ) from err
-    from workbench.models.families import FAMILIES, FAMILY_NAMES
+    from workbench.families import FAMILIES, FAMILY_NAMES
 
     family = FAMILIES.get(model.family)
     if family is None:
@@ -123,13 +123,10 @@ def model_needs(cfg: Any, roots: DoctorRoots) -> ModelNeeds:
     """The needs of the model `cfg` (a `WorkbenchConfig`) trains; `SizingError` when they cannot be known."""
     view, directory = _config_view(cfg, roots)
     try:
-        from workbench.analysis.estimate import (
-            lora_adapter_shapes,
-            optimizer_state_elements,
-            preference_reference,
-            state_elements,
-        )
+        from workbench.analysis.estimate import lora_adapter_shapes, optimizer_state_elements, state_elements
+        from workbench.analysis.objective_memory import NEXT_TOKEN
         from workbench.analysis.shape import model_shape
+        from workbench.objective_registry import objective_for
     except Exception as err:  # a broken torch: the version checks say which
         raise SizingError(f"cannot size the model: importing workbench.analysis failed ({err})") from err
     optimizer, precision = cfg.train.optimizer, cfg.train.precision
@@ -171,12 +168,11 @@ def model_needs(cfg: Any, roots: DoctorRoots) -> ModelNeeds:
     else:
         load = parameters * weight_bytes
         source = f"model.family={cfg.model.family!r} from the config"
-    if (
-        preference_reference(cfg) == "copy"
-    ):  # DPO's frozen reference: a second copy on the host, then the device
-        copy_bytes = parameters * weight_bytes
+    copies = (objective_for(cfg).memory(cfg) or NEXT_TOKEN).weight_copies  # DPO's frozen reference copy
+    if copies:  # a second copy on the host, then the device
+        copy_bytes = copies * parameters * weight_bytes
         load += copy_bytes
-        mode += f", DPO with a frozen reference copy (+{format_bytes(copy_bytes)})"
+        mode += f", {cfg.train.objective} with a frozen reference copy (+{format_bytes(copy_bytes)})"
     description = (
         f"{source}: {count_text(parameters)} parameters, {mode}, {optimizer}, {precision}; one checkpoint "
         f"{format_bytes(checkpoint)}, loading {format_bytes(load)}"

@@ -4,7 +4,7 @@ A model is either built from a config (random init, seeded) or loaded with
 ``from_pretrained(dir)`` from a directory on disk; a Hub id there is its repo's local snapshot
 (`workbench.hub.resolve.local_dir`, which fetches what the cache lacks). Each family's `transformers` config class
 and how the `ModelConfig` fields map onto it come from the registry in
-`workbench.models.families`.
+`workbench.families`.
 
 Importing this module imports neither torch nor transformers (the functions do).
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from workbench.families import FAMILIES, FAMILY_NAMES
 from workbench.hub.resolve import local_dir
-from workbench.models.families import FAMILIES, FAMILY_NAMES
 
 if TYPE_CHECKING:  # annotations only: workbench.config imports the families registry from this package
     import torch

@@ -24,7 +24,7 @@ transformers 4.x, which never read the device here, builds the same masks from t
   transformers 5 with its host read).
 
 Every workbench forward of a training model goes through here: the training objectives
-(`workbench.train.objective`, `workbench.train.distill`) and the memory probes
+(`workbench.train.objective`, `workbench.objectives.distillation`) and the memory probes
 (`workbench.analysis.probe`).
 """
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ConfigError
-from workbench.models.families import FAMILIES
+from workbench.families import FAMILIES
 from workbench.units import GiB
 
 _IGNORE = -100

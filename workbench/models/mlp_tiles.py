@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from workbench.config import ConfigError
-from workbench.models.families import FAMILIES
+from workbench.families import FAMILIES
 from workbench.models.lm_head import REFERENCE_MEMORY, _after
 
 AUTO_MLP_SHARE = 1 / 16

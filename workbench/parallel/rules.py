@@ -2,7 +2,7 @@
 
 A table is an ordered list of `ShardingRule` (parameter-name regex -> partition spec over the
 ``model`` axis, `workbench.parallel.sharding_rule`); the first rule that matches a parameter wins. `rules_for` picks a model's
-table: a hand table named by its family's registry entry (`workbench.models.families`, a key
+table: a hand table named by its family's registry entry (`workbench.families`, a key
 of `RULE_TABLES`), else rules derived from transformers' own tensor-parallel plan
 (`workbench.parallel.tp_plan`), else `FSDP_ONLY_RULES`. The FSDP axis is then placed on the
 largest dimension the rule leaves free, and a parameter no rule matches is replicated and
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from workbench.models.families import FAMILIES
+from workbench.families import FAMILIES
 from workbench.parallel import tp_plan
 from workbench.parallel.sharding_rule import FSDP_ONLY_RULES, RuleTable, ShardingRule, as_rules, rule
 
@@ -63,7 +63,7 @@ GPT2_RULES: tuple[ShardingRule, ...] = (
 RULE_TABLES: Mapping[str, tuple[ShardingRule, ...]] = MappingProxyType(
     {"decoder": DECODER_RULES, "gpt2": GPT2_RULES}
 )
-"""The hand tables by the name a `workbench.models.families.Family` gives as its `sharding`."""
+"""The hand tables by the name a `workbench.families.Family` gives as its `sharding`."""
 TP_PLAN_TABLE = "tp_plan"
 """`Family.sharding` of a family sharded by transformers' own plan (`workbench.parallel.tp_plan`)."""
 
@@ -71,7 +71,7 @@ TP_PLAN_TABLE = "tp_plan"
 def rules_for(model_or_type: Any) -> tuple[ShardingRule, ...]:
     """The rule table for a model (a `transformers` model, a PEFT wrapper of one) or a model type.
 
-    A registry family (`workbench.models.families`) with a hand table gets it (GPT-2). Any other
+    A registry family (`workbench.families`) with a hand table gets it (GPT-2). Any other
     model whose `transformers` config declares a tensor-parallel plan gets rules derived from
     it (`workbench.parallel.tp_plan.tp_plan_rules`: the model's own full plan, LM head and
     embeddings included). Anything else gets `FSDP_ONLY_RULES` with a note for the sharding

@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
+from workbench.config_grpo import GRPOConfig
 from workbench.models.inputs import model_inputs
 from workbench.models.lm_head import LMHead, chunked_columns
-from workbench.rl.settings import GRPOConfig
 from workbench.train.objective import ChunkPlan, LossChunking, Notice
 
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo")
@@ -161,7 +161,7 @@ class GRPOObjective(torch.nn.Module):
 
     With beta > 0 the reference is the same model with its LoRA adapters switched off (peft's
     ``disable_adapter``), a forward without gradients in the same program; a model without adapters
-    is refused (no frozen copy is kept: `workbench.rl.settings.validate_grpo_run` refuses the config
+    is refused (no frozen copy is kept: `workbench.objectives.grpo.GRPO.check_config` refuses the config
     first). Stats are the micro-batch's token means over the completion mask (TRL's
     ``clip_ratio/region_mean`` and ``kl``; at the sequence level the clip ratio is a mean over
     completions, as TRL's) times its count, so the engine's division by the count gives them back:
@@ -250,11 +250,6 @@ class GRPOObjective(torch.nn.Module):
                 per_count = count / mask.sum().clamp(min=1.0)
                 stats["kl"] = (terms["per_token_kl"].detach() * mask).sum() * per_count
         return {"loss_sum": loss_sum, "tokens": count, "stats": stats}
-
-    def for_eval(self) -> GRPOObjective:
-        """A GRPO eval is the reward of greedy completions (the rollout's eval), not a loss on a batch;
-        asked for a loss, the objective gives its own."""
-        return self
 
 
 def _keep_last(model: torch.nn.Module, positions: int) -> dict[str, int]:

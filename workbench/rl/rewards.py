@@ -53,9 +53,9 @@ from typing import Any
 
 import numpy as np
 
+from workbench.config_grpo import BUILTIN_REWARD_NAMES, GSM8K_FORMAT, GRPOConfig
 from workbench.config_parse import ConfigError
 from workbench.data.answers import extract_answer, final_answer, normalize_answer
-from workbench.rl.settings import BUILTIN_REWARD_NAMES, GSM8K_FORMAT, GRPOConfig
 
 RewardFunc = Callable[..., Sequence[Any]]
 """TRL's reward-function signature: ``fn(prompts, completions, **columns) -> list[float | None]``."""

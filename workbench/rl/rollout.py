@@ -25,7 +25,7 @@ every rank's); the rewards are gathered so the advantages and figures are the gl
 it rolls out every ``steps_per_generation x num_iterations`` micro-steps and serves the
 generation's micro-batches in turn, as TRL's buffer does. When a micro-batch is trained by a policy
 that has moved since it was sampled (μ > 1, or a generation that outlives an optimizer step:
-`workbench.rl.settings.keeps_old_logps`), the batch carries the old log-probs: the sampler's own
+`workbench.config_grpo.keeps_old_logps`), the batch carries the old log-probs: the sampler's own
 (``log_softmax(logits / temperature)`` of each sampled token, computed while decoding), not a second
 forward. They equal a no-grad forward of the training program to 1e-4 in fp32
 (``tests/test_grpo.py``); under ``bf16-mixed`` they differ by the precisions of the decode and the

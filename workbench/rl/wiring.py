@@ -1,25 +1,26 @@
-"""GRPO in the trainer: the pieces ``train.objective: grpo`` puts where SFT's stand, chosen in one place.
+"""GRPO's run (`GRPORun`): the trainer's side of ``train.objective: grpo`` (`workbench.objectives.grpo`).
 
-`Trainer` stays one loop for every objective. Under GRPO `grpo_objective` (called from
-`workbench.train.trainer.build_objective`) resolves the reward functions (``Trainer(cfg,
-rewards=[...])``, else ``grpo.reward_funcs``), swaps the trainer's `TrainingData` for `RolloutData`
-and returns the `GRPOObjective`. `RolloutData` is the same data with prompt batches instead of
-training rows: its ``stream`` is a `RolloutStream` (the trainer's ``next() -> (batch, BatchInfo)``),
-its loaders batch prompts (`workbench.rl.prompt_loader`), and it holds the run's `RolloutLog` (the
-rollouts' figures for `grpo_run_metrics`) and the held-out eval (`evaluate`: greedy completions
-scored by the rewards, ``grpo.eval_reward_funcs`` when set). At each log step the interval's traps
-are said (`workbench.rl.traps`: completions cut at the budget, groups without signal, a function
-that scored nothing), the kept completions get their step (``grpo.log_completions``), and an
-interval that scored nothing stops the run (`NothingScoredError`, raised by the run's last callback,
-`stop_when_nothing_scored`, once the others have the interval's metrics). `warm_up_grpo` compiles every prompt bucket's rollout and training programs,
-and the eval's, through the same code path, then restores the state as `workbench.train.warmup` does.
+The `Trainer` runs one loop for every objective and asks the run's `ObjectiveRun` what differs; under
+GRPO that is `GRPORun`. Its `training_data` resolves the reward functions (``Trainer(cfg,
+rewards=[...])``, else ``grpo.reward_funcs``) and swaps the trainer's `TrainingData` for
+`RolloutData`, its `loss` is the `GRPOObjective`. `RolloutData` is the same data with prompt batches
+instead of training rows: its ``stream`` is a `RolloutStream` (the trainer's ``next() -> (batch,
+BatchInfo)``), its loaders batch prompts (`workbench.rl.prompt_loader`), and it holds the run's
+`RolloutLog` (the rollouts' figures for `GRPORun.interval_metrics`) and the held-out eval
+(`GRPORun.evaluate`: greedy completions scored by the rewards, ``grpo.eval_reward_funcs`` when set).
+At each log step the interval's traps are said (`workbench.rl.traps`: completions cut at the budget,
+groups without signal, a function that scored nothing), the kept completions get their step
+(``grpo.log_completions``), and an interval that scored nothing stops the run (`NothingScoredError`,
+raised by the run's last callback, `stop_when_nothing_scored`, once the others have the interval's
+metrics). Its `warmup_work` is every prompt bucket's rollout and training step and the eval's sampling,
+which the shared warm-up (`workbench.train.warmup`) runs and restores the state after.
 
 Prompt batches: ``train.batch_size`` prompts, each sampled ``grpo.num_generations`` times, so a step
 trains ``batch_size x G`` rows per micro-batch; a rollout samples ``grpo.steps_per_generation``
-micro-batches' prompts at once (`workbench.rl.settings.steps_per_generation`). The rows split over
+micro-batches' prompts at once (`workbench.config_grpo.steps_per_generation`). The rows split over
 the mesh's data x fsdp axes (the rollout runs on the same mesh as the training step), or under
 torchrun each rank rolls out its share of the prompts; either way every device holds whole groups
-(``train.batch_size`` a multiple of the data-parallel size, `check_grpo_run`). An eval batch is
+(``train.batch_size`` a multiple of the data-parallel size, `GRPORun.check_data`). An eval batch is
 ``batch_size x G`` prompts, each completed once, so its programs are the rollout's at one micro-step,
 greedy.
 """
@@ -33,16 +34,18 @@ from typing import Any
 
 import torch
 
+from workbench.config_grpo import keeps_old_logps, steps_per_generation
 from workbench.data.loader import synthetic_batch
 from workbench.rl.merged_sampling import merges_for_sampling
 from workbench.rl.metrics import RolloutLog
 from workbench.rl.prompt_loader import PromptColumns, prompt_loader
 from workbench.rl.rollout import Rollouts, RolloutStream, row_sharding
-from workbench.rl.settings import keeps_old_logps, steps_per_generation
 from workbench.rl.traps import NothingScoredError, TrapNotices, interval_traps, nothing_scored
 from workbench.train.objective import LossChunking
+from workbench.train.objective_run import ObjectiveRun
 from workbench.train.step import EvalLoss
 from workbench.train.stream import HostStream, TrainingData
+from workbench.train.warmup import WarmupWork
 
 AUTO_PROMPT_BUCKETS = 4
 """Prompt buckets under ``bucketing.max_buckets: auto`` on XLA, where GRPO does not measure step costs."""
@@ -165,59 +168,6 @@ class RolloutData(TrainingData):
         return result
 
 
-def grpo_objective(trainer: Any, chunking: LossChunking | None = None) -> torch.nn.Module:
-    """The GRPO objective of a `Trainer` whose model is placed, its log-probs in chunks of positions as
-    `chunking` (``train.loss_chunk_tokens`` for the run's devices) says; its data become `RolloutData`
-    with the run's `RewardSet` (``Trainer(cfg, rewards=[...])``: functions, built-in names or
-    'module:function' strings, in place of ``grpo.reward_funcs``; weighted by ``grpo.reward_weights``)."""
-    from workbench.rl.loss import GRPOObjective
-    from workbench.rl.rewards import RewardSet, resolve_reward_funcs
-
-    cfg = trainer.cfg
-    check_grpo_run(trainer)
-    grpo = cfg.grpo
-    given = list(getattr(trainer, "rewards", None) or [])
-    if given:
-        rewards = RewardSet(resolve_reward_funcs(given, grpo), grpo.reward_weights)
-    else:
-        rewards = RewardSet.from_config(grpo)
-    eval_rewards = None  # the run's own, unless grpo.eval_reward_funcs names others (each weighing 1.0)
-    if grpo.eval_reward_funcs is not None:
-        eval_rewards = RewardSet(
-            resolve_reward_funcs(grpo.eval_reward_funcs, grpo, field="grpo.eval_reward_funcs")
-        )
-    # an eager backend (a GRPO step is never torch.compiled: no program per shape) checks the rollout's
-    # rows after every decode step and trains only the completion columns decoded
-    eager = not trainer.backend.compiles_every_shape
-    processes, memory = trainer.replicas.world_size, trainer.hw.memory_per_device_bytes
-    merge = merges_for_sampling(trainer.model, eager=eager, processes=processes, memory_bytes=memory)
-    data = RolloutData(
-        trainer.data,
-        trainer.model,
-        trainer.tokenizer,
-        rewards,
-        trainer.mesh,
-        eval_rewards,
-        replicas=trainer.replicas,
-        eager=eager,
-        merge=merge,
-    )
-    data.traps = TrapNotices(trainer._notice, _repeat_notice)
-    # after the user's callbacks, so they see the interval; on every rank (the figures are every rank's)
-    trainer.callbacks.append(stop_when_nothing_scored(data))
-    if trainer.backend.compiles_every_shape and cfg.bucketing.max_buckets == "auto":
-        data.cfg = data.cfg.with_overrides({"bucketing.max_buckets": AUTO_PROMPT_BUCKETS})
-        trainer._notice(
-            f"bucketing.max_buckets auto: GRPO does not time its steps to choose, so at most "
-            f"{AUTO_PROMPT_BUCKETS} prompt buckets; set bucketing.max_buckets to choose"
-        )
-    trainer.data = data
-    # train.time_limit plans a step with its rollout: one every steps_per_generation x mu micro-steps
-    micro_steps = data.steps_per_generation * int(grpo.num_iterations)
-    trainer.budget.expect_rollouts(-(-micro_steps // int(cfg.train.grad_accum)))
-    return GRPOObjective(grpo, chunking, notice=trainer._notice).to(trainer.device)
-
-
 def _repeat_notice(message: str) -> None:
     """A trap seen before in the run: its notice line again, not again in the summary."""
     warnings.warn(message, RuntimeWarning, stacklevel=3)
@@ -232,27 +182,6 @@ def stop_when_nothing_scored(data: RolloutData) -> Any:
             raise NothingScoredError(reason)
 
     return check
-
-
-def check_grpo_run(trainer: Any) -> None:
-    """What a GRPO run refuses: a teacher, prompts whose groups would not stay whole on a device."""
-    cfg = trainer.cfg
-    if getattr(trainer, "teacher", None) is not None:
-        raise ValueError("train.objective='grpo' takes no teacher: distillation and GRPO are separate runs")
-    if cfg.train.batch_size % trainer.dp_size:
-        raise ValueError(
-            f"train.batch_size={cfg.train.batch_size} prompts must be a multiple of the data-parallel size "
-            f"{trainer.dp_size} (the mesh's data x fsdp, or torchrun's ranks): each device takes whole "
-            f"groups of grpo.num_generations={cfg.grpo.num_generations} completions; e.g. "
-            f"train.batch_size={trainer.dp_size * max(1, cfg.train.batch_size // trainer.dp_size)}"
-        )
-
-
-def evaluate_grpo(trainer: Any, max_batches: int | None = None) -> EvalLoss:
-    """`Trainer.evaluate` under GRPO: the mean reward of greedy completions of the eval prompts, kept as
-    the trainer's ``last_eval_loss`` (what `TrainResult.eval_loss` reports)."""
-    trainer.last_eval_loss = trainer.data.evaluate(trainer.loop.batch_size, max_batches)
-    return trainer.last_eval_loss
 
 
 def grpo_run_metrics(trainer: Any, interval: Any) -> dict[str, Any]:
@@ -285,40 +214,119 @@ def grpo_run_metrics(trainer: Any, interval: Any) -> dict[str, Any]:
     }
 
 
-def warm_up_grpo(trainer: Any) -> int:
-    """Compile, before the first step, every program a GRPO run runs: for each prompt bucket at each
-    batch size the rollout (a dummy rollout through `Rollouts.run`: sampling, the read, the write of
-    the advantages) and the training step on its batch; with evals, the greedy eval's sampling for each
-    eval bucket. The training state (weights, optimizer, scheduler, RNG) is put back exactly after,
-    as `workbench.train.warmup` does. Returns the programs compiled."""
-    from workbench.train import warmup
+class GRPORun(ObjectiveRun):
+    """The trainer's side of a GRPO run (see the module docstring): rollouts in place of training rows,
+    the clipped loss, the rollouts' warm-up, the eval by reward and the rollouts' figures."""
 
-    engine, data = trainer.engine, trainer.data
-    grad_accum, vocab = int(trainer.cfg.train.grad_accum), int(trainer.model.config.vocab_size)
-    parts = data.steps_per_generation
-    evals = bool(trainer.cfg.train.eval_every) and data.eval_rollouts is not None
-    before = engine.compile_count()  # XLA's programs, or a compiled native step's graphs
-    snap = warmup.snapshot(engine)
-    try:
-        for size in trainer.ladder:
-            for prompts, length in data.shapes(size, data.train_dataset):
-                hosts = [dummy_prompts(prompts, length, vocab)] * parts
-                batches, _, _ = data.rollouts.run(hosts, 0, score=False)
-                out = engine.train_step([batches[i % parts] for i in range(grad_accum)])
-                engine.sync()  # with the step's outputs alive, as the loop syncs
-                del out, batches
-            if evals:
-                for prompts, length in data.shapes(size, data.eval_dataset):
-                    host = dummy_prompts(prompts, length, vocab)
-                    rollout = data.eval_rollouts.sample(
-                        host["input_ids"], host["attention_mask"], 0, greedy=True
-                    )
-                    data.eval_rollouts.completions(rollout)
-    finally:
-        warmup.restore(engine, snap)
-        data.take_reads()  # the warm-up's reads are not the first interval's
-    trainer.backend.wait()
-    return engine.compile_count() - before
+    eager_reason = "does not compile a GRPO step (its rollouts run eagerly)"
+
+    def check_data(self, trainer: Any) -> None:
+        """Prompts whose groups stay whole on every device (and no preference pairs, as for SFT)."""
+        super().check_data(trainer)
+        cfg = trainer.cfg
+        if cfg.train.batch_size % trainer.dp_size:
+            raise ValueError(
+                f"train.batch_size={cfg.train.batch_size} prompts must be a multiple of the data-parallel size "
+                f"{trainer.dp_size} (the mesh's data x fsdp, or torchrun's ranks): each device takes whole "
+                f"groups of grpo.num_generations={cfg.grpo.num_generations} completions; e.g. "
+                f"train.batch_size={trainer.dp_size * max(1, cfg.train.batch_size // trainer.dp_size)}"
+            )
+
+    def training_data(self, trainer: Any) -> RolloutData:
+        """The run's data as `RolloutData` with its `RewardSet` (``Trainer(cfg, rewards=[...])``: functions,
+        built-in names or 'module:function' strings, in place of ``grpo.reward_funcs``; weighted by
+        ``grpo.reward_weights``), the eval's (``grpo.eval_reward_funcs``), the traps' notices and the
+        stop when nothing is scored."""
+        from workbench.rl.rewards import RewardSet, resolve_reward_funcs
+
+        cfg = trainer.cfg
+        grpo = cfg.grpo
+        given = list(getattr(trainer, "rewards", None) or [])
+        if given:
+            rewards = RewardSet(resolve_reward_funcs(given, grpo), grpo.reward_weights)
+        else:
+            rewards = RewardSet.from_config(grpo)
+        eval_rewards = None  # the run's own, unless grpo.eval_reward_funcs names others (each weighing 1.0)
+        if grpo.eval_reward_funcs is not None:
+            eval_rewards = RewardSet(
+                resolve_reward_funcs(grpo.eval_reward_funcs, grpo, field="grpo.eval_reward_funcs")
+            )
+        # an eager backend (a GRPO step is never torch.compiled: no program per shape) checks the rollout's
+        # rows after every decode step and trains only the completion columns decoded
+        eager = not trainer.backend.compiles_every_shape
+        processes, memory = trainer.replicas.world_size, trainer.hw.memory_per_device_bytes
+        merge = merges_for_sampling(trainer.model, eager=eager, processes=processes, memory_bytes=memory)
+        data = RolloutData(
+            trainer.data,
+            trainer.model,
+            trainer.tokenizer,
+            rewards,
+            trainer.mesh,
+            eval_rewards,
+            replicas=trainer.replicas,
+            eager=eager,
+            merge=merge,
+        )
+        data.traps = TrapNotices(trainer._notice, _repeat_notice)
+        # after the user's callbacks, so they see the interval; on every rank (the figures are every rank's)
+        trainer.callbacks.append(stop_when_nothing_scored(data))
+        if trainer.backend.compiles_every_shape and cfg.bucketing.max_buckets == "auto":
+            data.cfg = data.cfg.with_overrides({"bucketing.max_buckets": AUTO_PROMPT_BUCKETS})
+            trainer._notice(
+                f"bucketing.max_buckets auto: GRPO does not time its steps to choose, so at most "
+                f"{AUTO_PROMPT_BUCKETS} prompt buckets; set bucketing.max_buckets to choose"
+            )
+        # train.time_limit plans a step with its rollout: one every steps_per_generation x mu micro-steps
+        micro_steps = data.steps_per_generation * int(grpo.num_iterations)
+        trainer.budget.expect_rollouts(-(-micro_steps // int(cfg.train.grad_accum)))
+        return data
+
+    def loss(self, trainer: Any, chunking: LossChunking) -> torch.nn.Module:
+        """TRL's clipped loss over the completion tokens, its log-probs in chunks of positions as
+        `chunking` (``train.loss_chunk_tokens`` for the run's devices) says."""
+        from workbench.rl.loss import GRPOObjective
+
+        return GRPOObjective(trainer.cfg.grpo, chunking, notice=trainer._notice).to(trainer.device)
+
+    def eval_module(self, loss: torch.nn.Module) -> torch.nn.Module:
+        """A GRPO eval is the reward of greedy completions (`evaluate`), not a loss on a batch; asked for a
+        loss on one, the objective gives its own."""
+        return loss
+
+    def warmup_work(self, trainer: Any) -> WarmupWork:
+        """Every program a GRPO run runs, for warm-up to compile: at each prompt bucket a rollout (a dummy
+        one through `Rollouts.run`: sampling, the read, the write of the advantages) and the training
+        step on its batches; with evals, the greedy eval's sampling of each eval bucket."""
+        engine, data = trainer.engine, trainer.data
+        grad_accum, vocab = int(trainer.cfg.train.grad_accum), int(trainer.model.config.vocab_size)
+        parts = data.steps_per_generation
+
+        def train_step(shape: tuple[int, int]) -> Any:
+            prompts, length = shape
+            batches, _, _ = data.rollouts.run([dummy_prompts(prompts, length, vocab)] * parts, 0, score=False)
+            return engine.train_step([batches[i % parts] for i in range(grad_accum)])
+
+        def eval_step(shape: tuple[int, int]) -> Any:
+            host = dummy_prompts(*shape, vocab)
+            rollout = data.eval_rollouts.sample(host["input_ids"], host["attention_mask"], 0, greedy=True)
+            return data.eval_rollouts.completions(rollout)
+
+        return WarmupWork(
+            train_shapes=lambda size: data.shapes(size, data.train_dataset),
+            train_step=train_step,
+            eval_shapes=lambda size: data.shapes(size, data.eval_dataset),
+            eval_step=eval_step,
+            finish=data.take_reads,  # the warm-up's reads are not the first interval's
+        )
+
+    def evaluate(self, trainer: Any, max_batches: int | None = None) -> EvalLoss:
+        """The mean reward of greedy completions of the eval prompts."""
+        return trainer.data.evaluate(trainer.loop.batch_size, max_batches)
+
+    def interval_metrics(self, trainer: Any, interval: Any) -> dict[str, Any]:
+        """The interval's rollout figures (`workbench.rl.metrics.ROLLOUT_KEYS`); the eval's figure is its
+        reward (``eval_reward_mean``), so the eval-loss keys stay None."""
+        return grpo_run_metrics(trainer, interval)
 
 
 def dummy_prompts(prompts: int, length: int, vocab: int) -> dict[str, torch.Tensor]:

@@ -50,10 +50,13 @@ MIN_CACHED_GRAPHS = 64
 shapes times the batch sizes dynamic growth reaches; warm-up raises it further when it sees more."""
 
 
-def compile_wanted(setting: str, *, backend: Backend, objective: str) -> tuple[bool, list[str]]:
+def compile_wanted(
+    setting: str, *, backend: Backend, eager_reason: str | None = None
+) -> tuple[bool, list[str]]:
     """Whether ``train.compile`` = `setting` compiles the step on `backend`, and the notices saying why not
     where the user asked for it ('on'). A backend that compiles every shape (torch_xla) has nothing
-    to gain from it."""
+    to gain from it; an objective whose step runs eagerly says why (`eager_reason`,
+    `workbench.train.objective_run.ObjectiveRun.eager_reason`)."""
     if backend.compiles_every_shape:
         notices = ["train.compile: on is not read on XLA, which compiles every step already"] * (
             setting == "on"
@@ -61,9 +64,8 @@ def compile_wanted(setting: str, *, backend: Backend, objective: str) -> tuple[b
         return False, notices
     if setting == "off":
         return False, []
-    if objective == "grpo":
-        notices = ["train.compile: on does not compile a GRPO step (its rollouts run eagerly); it runs eager"]
-        return False, notices * (setting == "on")
+    if eager_reason is not None:
+        return False, [f"train.compile: on {eager_reason}; it runs eager"] * (setting == "on")
     if setting == "on":
         return True, []
     return torch.device(backend.device()).type == "cuda", []
@@ -107,13 +109,14 @@ def compiled_forward(
     objective: torch.nn.Module,
     *,
     backend: Backend,
-    objective_name: str,
+    eager_reason: str | None = None,
     wrapped: Any = None,
 ) -> tuple[CompiledForward | None, list[str]]:
     """The run's `CompiledForward` when ``train.compile`` = `setting` compiles on `backend`
-    (`compile_wanted`), else None; with its notices, warned once here (the trainer's result lists
-    them). `wrapped`: the data-parallel wrapper to compile in place of `objective` (under torchrun)."""
-    wanted, notices = compile_wanted(setting, backend=backend, objective=objective_name)
+    (`compile_wanted`; `eager_reason`: why the objective's step never compiles), else None; with its
+    notices, warned once here (the trainer's result lists them). `wrapped`: the data-parallel wrapper to
+    compile in place of `objective` (under torchrun)."""
+    wanted, notices = compile_wanted(setting, backend=backend, eager_reason=eager_reason)
     compiler = BACKEND or compile_backend(backend.hw)
     step = CompiledForward(model, objective, compiler=compiler, wrapped=wrapped) if wanted else None
     if step is not None:

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench.analysis.batch import max_batch_size
-from workbench.analysis.config_estimate import preference_reference
-from workbench.analysis.rollout_memory import rollout_plan
+from workbench.analysis.objective_memory import NEXT_TOKEN
 from workbench.config import WorkbenchConfig
 from workbench.models.checkpoint_offload import checkpoints_offloaded
 from workbench.models.mlp_tiles import installed_tiling
+from workbench.objective_registry import objective_for
 
 
 def plan_batch_ladder(train: Any, *, dp_size: int, memory_cap: int | None) -> list[int]:
@@ -66,8 +66,8 @@ def memory_batch_cap(
                 lora_targets=cfg.lora.target_modules,
                 quantize=cfg.model.quantize,
                 loss_chunk_tokens=train.loss_chunk_tokens,
-                preference=preference_reference(cfg),
-                rollout=rollout_plan(cfg),  # GRPO: prompts of max_length, each with its completions
+                # what an example is: a row, a pair, a GRPO prompt with its completions
+                objective=objective_for(cfg).memory(cfg) or NEXT_TOKEN,
                 # as the prepared model runs: its checkpoints offloaded or not, its MLP tiled or not
                 offload_activations="on" if checkpoints_offloaded(model) else "off",
                 mlp_chunk_tokens=tiling.setting if (tiling := installed_tiling(model)) else None,

@@ -3,7 +3,7 @@
 Objectives return per-token *sums* plus the token count (fp32), never a mean, so the step
 engine normalises over all real tokens of an optimizer step however they are spread over
 micro-batches. `CausalLMObjective` is the plain language-model loss (and the eval loss);
-`workbench.train.distill.DistillationObjective` builds on the same helpers.
+`workbench.objectives.distillation.DistillationObjective` builds on the same helpers.
 
 Both compute the loss in chunks of positions when `LossChunking` (``train.loss_chunk_tokens``)
 says so for a batch's shape (`workbench.models.lm_head`): the decision reads only the shape

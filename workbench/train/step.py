@@ -38,7 +38,6 @@ from workbench.backend.protocol import Backend, Batch, OneProcess, Replicas
 from workbench.config import TrainConfig
 from workbench.parallel.torch_parallel import local_part
 from workbench.train.compiled_step import compiled_forward
-from workbench.train.objective import CausalLMObjective
 from workbench.train.oom import halved_micro_batch
 from workbench.train.optim import init_optimizer_state
 from workbench.train.state import LoopState
@@ -96,7 +95,9 @@ class StepEngine:
         *,
         backend: Backend,
         replicas: Replicas,
+        eval_objective: torch.nn.Module,
         sharded: bool = False,
+        eager_reason: str | None = None,
     ) -> None:
         self.model, self.objective = model, objective
         self.backend = backend
@@ -112,12 +113,9 @@ class StepEngine:
             train.max_grad_norm,
         )
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        # the eval loss chunks as the training objective does (train.loss_chunk_tokens), without a notice;
-        # an objective with an eval of its own (DPO: the loss and rewards of held-out pairs) gives it
-        for_eval = getattr(objective, "for_eval", None)
-        self.eval_objective = (
-            for_eval() if for_eval else CausalLMObjective(getattr(objective, "chunking", None))
-        )
+        self.eval_objective = eval_objective
+        """What `eval_loss` computes (`workbench.train.objective_run.ObjectiveRun.eval_module`): the
+        next-token loss, chunked as the step's, or an objective's own (DPO: held-out pairs' loss and rewards)."""
         self.stat_names: tuple[str, ...] = tuple(getattr(objective, "stat_names", ()))
         """What the objective reports beside its loss, as sums over the count it returns (``tokens``)."""
         self._loss_acc: torch.Tensor | None = None
@@ -128,7 +126,7 @@ class StepEngine:
             model,
             objective,
             backend=backend,
-            objective_name=train.objective,
+            eager_reason=eager_reason,
             wrapped=replicas.wrapped,
         )
         """``train.compile``: the training forward through torch.compile (`workbench.train.compiled_step`),

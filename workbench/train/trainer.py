@@ -23,6 +23,7 @@ TPU -> CUDA -> XLA:CPU -> CPU, with notices for a backend that is present but ca
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -39,27 +40,23 @@ from workbench.analysis.profiler import StepProfiler
 from workbench.backend.compile_cache import enable_compile_cache
 from workbench.backend.hardware import HardwareInfo, detect
 from workbench.backend.selection import backend_for
-from workbench.backend.xla import runtime
 from workbench.config import WorkbenchConfig
 from workbench.data.records import build_datasets
-from workbench.models.build import no_kv_cache
 from workbench.models.scan import scan_notices
+from workbench.objective_registry import idle_settings, objective_for
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
-from workbench.rl.wiring import evaluate_grpo, grpo_objective, grpo_run_metrics, warm_up_grpo
 from workbench.trackers import with_trackers
 from workbench.train import warmup
 from workbench.train.adapter_files import save_model
 from workbench.train.clock import ThroughputClock, TimeBudget, check_time_limit
-from workbench.train.distill import DistillationObjective, DistillSettings
 from workbench.train.export_dir import run_protected_dirs
 from workbench.train.finite import FiniteGuard
 from workbench.train.ladder import batch_ladder
 from workbench.train.model_setup import precision_notices, run_model
-from workbench.train.objective import CausalLMObjective, LossChunking
+from workbench.train.objective import LossChunking
 from workbench.train.oom import retry_on_oom
 from workbench.train.optim import build_optimizer, warmup_cosine
-from workbench.train.preference import check_objective_data, preference_objective, prepare_reference
 from workbench.train.ranks import start_replicas
 from workbench.train.run_checkpoints import RunCheckpoints
 from workbench.train.state import LoopState, TrainingState
@@ -104,7 +101,7 @@ class Trainer:
     """Train `cfg.model` on `cfg.data` (or the given model/datasets) with `cfg.train`.
 
     `teacher`: a model sharing the student's tokenizer turns the run into knowledge
-    distillation (`workbench.train.distill`), weighted by ``cfg.train.distill_*``. `rewards`: under
+    distillation (`workbench.objectives.distillation`), weighted by ``cfg.train.distill_*``. `rewards`: under
     ``train.objective: grpo``, reward functions (or their names) in place of ``grpo.reward_funcs``.
     `callbacks`: callables receiving the metrics dict every log interval, on the host.
     """
@@ -133,9 +130,7 @@ class Trainer:
         # under torchrun: the process group, the same config on every rank, mesh.data x mesh.fsdp over the ranks
         self.replicas = start_replicas(cfg, self.backend)  # else this process alone (SPMD is one process)
         self.is_main = self.replicas.is_main
-        self.callbacks = (
-            with_trackers(cfg, callbacks) if self.is_main else []
-        )  # + train.report_to's: main rank
+        self.callbacks = with_trackers(cfg, callbacks) if self.is_main else []  # + report_to's: main rank
         spmd = self.backend.gspmd and cfg.mesh.enabled  # one program over a mesh of devices
         self.mesh_spec = mesh_from_config(cfg.mesh, self.hw) if spmd else None
         self.mesh = self.mesh_spec.build() if self.mesh_spec is not None else None
@@ -146,6 +141,8 @@ class Trainer:
         )
 
         self.tokenizer = tokenizer
+        for message in idle_settings(cfg, teacher=teacher):  # another objective's settings: named, unread
+            self._notice(message)
         if train_dataset is None:
             train_dataset, built_eval, self.tokenizer = build_datasets(cfg, tokenizer)
             eval_dataset = built_eval if eval_dataset is None else eval_dataset
@@ -159,12 +156,16 @@ class Trainer:
             replicas=self.replicas,
             batch_sharding=batch_sharding(self.mesh) if self.mesh is not None else None,
         )
+        self.teacher, self.rewards = teacher, list(rewards)
+        # train.objective's side of the run (`workbench.objectives`): it refuses what it cannot train
+        self.objective_run = objective_for(cfg).start(self, teacher=teacher)
+        self.objective_run.check_data(self)
         shares = self.mesh_spec if self.mesh_spec is not None else {"data": self.dp_size}  # torchrun: ranks
         self.model = run_model(cfg, model, self.tokenizer, hw=self.hw, notice=self._notice, mesh=shares)
-        self.reference = prepare_reference(cfg, self.model, self._notice)  # DPO: read before placing
+        self.objective_run.prepare(self, self.model)  # what it reads of the unplaced model (DPO's reference)
         self.sharding_report = place(self.model, self.mesh, self.device)
-        self.teacher, self.rewards = teacher, list(rewards)
-        self.objective = build_objective(self, teacher)
+        self.data = self.objective_run.training_data(self)  # GRPO's prompts and rollouts
+        self.objective = self.objective_run.loss(self, loss_chunking(self))  # the step's loss module
         # DDP / FSDP2 under torchrun, before the optimizer: FSDP2 replaces the parameters
         self.replicas.wrap(self.model, self.objective)
         self.sharding_report = self.replicas.report(self.model, self.sharding_report)
@@ -181,7 +182,9 @@ class Trainer:
             train,
             backend=self.backend,
             replicas=self.replicas,
+            eval_objective=self.objective_run.eval_module(self.objective),
             sharded=self.mesh is not None,
+            eager_reason=self.objective_run.eager_reason,  # an objective whose step never compiles
         )
         self.training_state = TrainingState(
             self.model, self.objective, self.optimizer, self.scheduler, self.loop, self.backend
@@ -214,25 +217,21 @@ class Trainer:
             self._stream.close()
             self._stream = None
 
+    def stream_batch(self) -> tuple[dict, Any]:
+        """The training stream's next batch and its facts, the stream then put back where it was."""
+        batch, info = self._stream.next()
+        self._open_stream()
+        return batch, info
+
     # ---- warm-up and out of memory ----
     def _warm_up(self) -> int:
         """Compile every step program before training (XLA, a compiled native step); returns the count."""
         if not (self.engine.prewarms and self.cfg.train.prewarm):
             return 0
-        if self.cfg.train.objective == "grpo":  # every prompt bucket's rollout and step: workbench.rl
-            return warm_up_grpo(self)
-        template, _ = self._stream.next()  # a real batch: which keys, dtypes and layout a batch has
-        self._open_stream()  # put it back: the stream restarts at the same position
         evals = bool(self.cfg.train.eval_every) and self.data.eval_dataset is not None
-        return warmup.warm_up(
-            self.engine,
-            self.data,
-            template,
-            batch_sizes=self.ladder,
-            grad_accum=self.cfg.train.grad_accum,
-            evals=evals,
-            on_oom=lambda err: halve_micro_batches(self, err),
-        )
+        work = self.objective_run.warmup_work(self)  # the objective's step and eval, on every shape
+        policy = functools.partial(halve_micro_batches, self)  # out of memory: halve the micro-batch
+        return warmup.warm_up(self.engine, work, batch_sizes=self.ladder, evals=evals, on_oom=policy)
 
     def _run_step(self, batches: list[dict]) -> dict[str, torch.Tensor]:
         # a failed XLA step may have donated its buffers: only the warm-up retries; across ranks a rank
@@ -246,9 +245,7 @@ class Trainer:
         """Mean eval loss (next-token, or DPO's with its ``.stats``), a float with ``.perplexity`` (one host read at the end); GRPO: greedy completions' mean reward."""
         if self.data.eval_dataset is None:
             raise ValueError("no eval dataset: pass eval_dataset= or set data.eval_fraction > 0")
-        if self.cfg.train.objective == "grpo":  # greedy completions scored by the rewards
-            return evaluate_grpo(self, max_batches)
-        self.last_eval_loss = self.engine.eval_loss(self.data.eval_batches(self.loop.batch_size), max_batches)
+        self.last_eval_loss = self.objective_run.evaluate(self, max_batches)
         return self.last_eval_loss
 
     def state(self) -> dict[str, Any]:
@@ -287,15 +284,9 @@ class Trainer:
         `path` is new, empty or an earlier export (``overwrite=True``: any directory but the run's base
         model and checkpoints). Under torchrun every rank calls it (FSDP2 shards are gathered) and the
         main rank writes."""
-        return save_model(
-            self.model,
-            path,
-            merged=merged,
-            tokenizer=self.tokenizer,
-            write=self.is_main,
-            overwrite=overwrite,
-            protected=run_protected_dirs(self.cfg),
-        )
+        protected = run_protected_dirs(self.cfg)
+        return save_model(self.model, path, merged=merged, tokenizer=self.tokenizer, write=self.is_main,
+                          overwrite=overwrite, protected=protected)  # fmt: skip
 
     def close(self, *, failed: bool = False) -> None:
         """This process is done with a torchrun launch (no-op otherwise): the others stop waiting for it,
@@ -501,8 +492,7 @@ def run_metrics(trainer: Trainer, interval: IntervalMetrics, warm: int) -> RunMe
         ),
         checkpoint_stall_s=checkpoints.stall_s if checkpoints is not None else None,
     )
-    if trainer.cfg.train.objective == "grpo":  # the interval's rollouts (`workbench.rl.wiring`)
-        metrics.update(grpo_run_metrics(trainer, interval))
+    metrics.update(trainer.objective_run.interval_metrics(trainer, interval))  # e.g. GRPO's rollouts
     for key in ROLLOUT_KEYS:  # a GRPO run's rollout figures, where its rollouts gave them; None elsewhere
         metrics.setdefault(key, None)
     return metrics
@@ -518,39 +508,16 @@ def place(module: torch.nn.Module, mesh: Any, device: Any) -> Any:
     return None
 
 
-def build_objective(trainer: Trainer, teacher: torch.nn.Module | None) -> torch.nn.Module:
-    """Next-token cross-entropy, DPO (``train.objective: dpo``: `workbench.train.preference`), or
-    distillation from `teacher` when one is given, for the trainer's
-    (placed) model; the loss in chunks as ``train.loss_chunk_tokens`` says for this run's devices
-    (`LossChunking`: one device's memory, the rows it holds, the vocabulary's split), with one
-    notice when it chunks."""
-    model, train, mesh, device = trainer.model, trainer.cfg.train, trainer.mesh, trainer.device
+def loss_chunking(trainer: Trainer) -> LossChunking:
+    """``train.loss_chunk_tokens`` for this run's devices (`LossChunking`: one device's memory, the rows
+    it holds, the vocabulary's split), for the objective's loss."""
     spec = trainer.mesh_spec
-    chunking = LossChunking(
-        train.loss_chunk_tokens,
+    return LossChunking(
+        trainer.cfg.train.loss_chunk_tokens,
         memory_bytes=trainer.hw.memory_per_device_bytes,
         data_parallel=spec.dp_size if spec is not None else 1,
         model_parallel=spec.model if spec is not None else 1,
     )
-    check_objective_data(trainer.cfg, trainer.data, teacher=teacher)
-    if trainer.cfg.train.objective == "grpo":  # rollouts, rewards and the GRPO loss (`workbench.rl`)
-        return grpo_objective(trainer, chunking)
-    if trainer.reference is not None:
-        return preference_objective(trainer, chunking, place)
-    if teacher is None:
-        return CausalLMObjective(chunking, notice=trainer._notice).to(device)
-    settings = DistillSettings(train.distill_alpha, train.distill_temperature, train.distill_hidden_weight)
-    objective = DistillationObjective(
-        no_kv_cache(teacher), model, settings, chunking=chunking, notice=trainer._notice, seed=train.seed
-    )
-    if train.precision == "bf16":
-        teacher.to(torch.bfloat16)
-    place(teacher, mesh, device)
-    objective.to(device)
-    if mesh is not None:
-        for p in objective.parameters():  # the distillation projection: small, replicated
-            runtime.mark_sharding(p, mesh, (None,) * p.dim())
-    return objective
 
 
 def make_profiler(trainer: Trainer, *, prewarmed: bool) -> StepProfiler:

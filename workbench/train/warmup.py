@@ -3,10 +3,14 @@
 On XLA, and on plain torch with a compiled native step (``train.compile``,
 `workbench.train.compiled_step`: one torch.compile graph per shape), before the first step, every
 (batch, length) shape the sampler can emit (at every batch size dynamic growth will reach, and on
-XLA the eval split's shapes when evals run) goes through the real step on synthetic tokens. The
-model, objective, optimizer, scheduler and RNG are snapshotted to the host first and copied back
-*into* the live tensors after (keeping their device placement and sharding), so training continues
-exactly as it would have without the warm-up, and after it nothing compiles on a bucketed run.
+XLA the eval split's shapes when evals run) goes through the real step on synthetic tokens. What a
+step and an eval are, on which shapes, is the objective's (`WarmupWork`, from
+`workbench.train.objective_run.ObjectiveRun.warmup_work`: the next-token step on synthetic batches
+laid out like a real one; GRPO's rollout and step on dummy prompts). The model, objective, optimizer,
+scheduler and RNG are snapshotted to the host first and copied back *into* the live tensors after
+(keeping their device placement and sharding), so training continues exactly as it would have
+without the warm-up, and after it nothing compiles on a bucketed run. An out-of-memory error on the
+way restores the state and asks the trainer's policy (halve the micro-batch) whether to go again.
 
 With ``bucketing.max_buckets: auto``, `choose_auto_buckets` first measures what one shape costs
 to compile and what a padded token costs to train, on the one shape every plan has (the full
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -86,13 +91,30 @@ def restore(engine: StepEngine, snap: dict[str, Any]) -> None:
     engine.sync()
 
 
+@dataclass
+class WarmupWork:
+    """What warm-up runs, as the run's objective runs it: for each batch size, the step once on each of
+    its training shapes and, with evals, the eval once on each eval shape. Each call returns what the
+    loop would keep alive across the step's boundary (a tensor alive at an XLA sync is a program output:
+    dropping it first would compile another program)."""
+
+    train_shapes: Callable[[int], list[tuple[int, int]]]
+    """The shapes the training loader emits at a batch size."""
+    train_step: Callable[[tuple[int, int]], Any]
+    """One optimizer step (every micro-batch) on a batch of that shape."""
+    eval_shapes: Callable[[int], list[tuple[int, int]]]
+    """The shapes the eval loader emits at a batch size."""
+    eval_step: Callable[[tuple[int, int]], Any]
+    """One eval batch of that shape."""
+    finish: Callable[[], None] = lambda: None
+    """Called once the state is back (GRPO forgets the warm-up's reads of completions)."""
+
+
 def warm_up(
     engine: StepEngine,
-    data: TrainingData,
-    template: dict[str, torch.Tensor],
+    work: WarmupWork,
     *,
     batch_sizes: list[int],
-    grad_accum: int,
     evals: bool,
     on_oom: Callable[[BaseException], bool],
 ) -> int:
@@ -103,9 +125,7 @@ def warm_up(
     snap = snapshot(engine)
 
     def compile_all() -> None:
-        compile_step_programs(
-            engine, data, template, batch_sizes=batch_sizes, grad_accum=grad_accum, evals=evals
-        )
+        compile_step_programs(engine, work, batch_sizes=batch_sizes, evals=evals)
 
     def shrink(err: BaseException) -> bool:
         restore(engine, snap)
@@ -113,52 +133,33 @@ def warm_up(
 
     retry_on_oom(compile_all, shrink)
     restore(engine, snap)
+    work.finish()
     return engine.compile_count() - before
 
 
 def compile_step_programs(
-    engine: StepEngine,
-    data: TrainingData,
-    template: dict[str, torch.Tensor],
-    *,
-    batch_sizes: list[int],
-    grad_accum: int,
-    evals: bool,
+    engine: StepEngine, work: WarmupWork, *, batch_sizes: list[int], evals: bool
 ) -> None:
-    """Run the training step (and the eval forward when `evals`) once for every shape the loaders
-    can emit at each of `batch_sizes`, on synthetic tokens laid out like `template` (a real batch)."""
-    vocab = int(engine.model.get_input_embeddings().weight.shape[0])
-
-    def make_batch(shape: tuple[int, int]) -> dict[str, torch.Tensor]:
-        fake = synthetic_batch(shape, vocab_size=vocab, pad_token_id=data.pad_token_id, template=template)
-        return data.to_device(fake)
-
-    plans = [
-        data.shapes(size, data.train_dataset) or [tuple(template["input_ids"].shape[:2])]
-        for size in batch_sizes
-    ]
+    """Run `work`'s training step (and its eval when `evals`) once for every shape its loaders can
+    emit at each of `batch_sizes`."""
+    plans = [work.train_shapes(size) for size in batch_sizes]
     if engine.compiled is not None:  # Dynamo keeps every shape's graph (past its limit it runs eager)
         engine.compiled.expect_graphs(sum(map(len, plans)))
     for size, shapes in zip(batch_sizes, plans):
-        run_each_shape(engine, lambda batch: engine.train_step([batch] * grad_accum), shapes, make_batch)
+        run_each_shape(engine, work.train_step, shapes)
         if evals and engine.backend.compiles_every_shape:  # the eval split has its own bucket plan
             # (a native eval runs eager: nothing to compile)
-            eval_shapes = data.shapes(size, data.eval_dataset)
-            run_each_shape(engine, lambda batch: engine.eval_loss([batch]), eval_shapes, make_batch)
+            run_each_shape(engine, work.eval_step, work.eval_shapes(size))
 
 
 def run_each_shape(
-    engine: StepEngine,
-    step: Callable[[dict[str, torch.Tensor]], Any],
-    shapes: list[tuple[int, int]],
-    make_batch: Callable[[tuple[int, int]], dict[str, torch.Tensor]],
+    engine: StepEngine, step: Callable[[tuple[int, int]], Any], shapes: list[tuple[int, int]]
 ) -> None:
-    """`step` once on a batch of each shape, each followed by the step's boundary with its outputs alive
-    across it, as in the loop (a tensor alive at an XLA sync is a program output: dropping them first
-    would compile another program); then wait for the device. On plain torch a compiled step's graphs
-    compile as it runs and the boundary does nothing."""
+    """`step` once on each shape, each followed by the step's boundary with its outputs alive across it,
+    as in the loop; then wait for the device. On plain torch a compiled step's graphs compile as it
+    runs and the boundary does nothing."""
     for shape in shapes:
-        out = step(make_batch(tuple(shape)))
+        out = step(tuple(shape))
         engine.sync()
         del out
     engine.backend.wait()

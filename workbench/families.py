@@ -25,7 +25,8 @@ The registry is keyed by the `transformers` ``model_type`` (``config.model_type`
 also the value ``ModelConfig.family`` takes, so a model loaded from disk finds its entry too.
 
 This module imports only the standard library (no torch, no transformers, nothing from the
-workbench), so `workbench.config` imports it without cost and without import cycles.
+workbench): it sits at the bottom, beside the config, which imports it without cost and validates
+``model.family`` against it (`cfg` in `Family.config_kwargs` is a `workbench.config.ModelConfig`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:  # annotations only: config.py imports this module
-    from workbench.config import ModelConfig
+from typing import Any, Literal
 
 Layout = Literal["decoder", "gpt2"]
 """'decoder': Llama-style blocks (RMSNorm, bias-free linears, rotary positions, gated MLP with
@@ -129,7 +127,7 @@ class Family:
         """LayerNorm with biases, biased linears, learned position embeddings."""
         return self.layout == "gpt2"
 
-    def config_kwargs(self, cfg: ModelConfig, vocab_size: int | None = None) -> dict[str, Any]:
+    def config_kwargs(self, cfg: Any, vocab_size: int | None = None) -> dict[str, Any]:
         """Keyword arguments for ``transformers.<config_class>`` describing `cfg` (`vocab_size`
         replaces ``cfg.vocab_size`` when given)."""
         kwargs: dict[str, Any] = {theirs: getattr(cfg, ours) for ours, theirs in self.fields.items()}
@@ -205,6 +203,6 @@ FAMILY_NAMES: tuple[str, ...] = tuple(FAMILIES)
 """The allowed values of ``ModelConfig.family``, in registry order."""
 
 if len(FAMILIES) != len(_REGISTRY):  # pragma: no cover - guards the registry itself
-    raise RuntimeError("workbench.models.families: two registry entries share a name")
+    raise RuntimeError("workbench.families: two registry entries share a name")
 
 __all__ = ["DECODER_FIELDS", "FAMILIES", "FAMILY_NAMES", "GPT2_FIELDS", "Family", "Layout", "SizeFields"]

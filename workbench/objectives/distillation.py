@@ -10,7 +10,8 @@ temperature changes (Hinton et al., 2015). The hidden-state term compares the la
 layers through a learned linear projection (student width → teacher width), which is
 trained with the student and saved in its checkpoints.
 
-`DistillationObjective` plugs into the training loop in place of the plain LM loss: it
+`DistillationObjective` plugs into the training loop in place of the plain LM loss (`DistillationRun`, the
+SFT objective's run when a teacher is given: `workbench.objectives.sft`): it
 returns per-token *sums* plus the token count, so the loop normalises over all the real
 tokens of an optimizer step exactly as it does for ordinary training. The teacher is
 put in eval mode with ``requires_grad=False`` and kept out of the objective's registered
@@ -32,7 +33,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from workbench.backend.xla import runtime
 from workbench.data.chat import IGNORE_INDEX
+from workbench.models.build import no_kv_cache
 from workbench.models.inputs import model_inputs
 from workbench.models.lm_head import LMHead, chunked_sums, next_token_labels
 from workbench.train.objective import (
@@ -42,6 +45,8 @@ from workbench.train.objective import (
     shift_for_next_token,
     token_ce_sum,
 )
+from workbench.train.objective_run import ObjectiveRun
+from workbench.train.trainer import place
 
 
 @dataclass
@@ -232,3 +237,35 @@ def mean_token_kl(
         kl_total = kl_total.to(s.device) + token_kl_sum(s, t, mask, temperature)
         tokens_total = tokens_total.to(s.device) + mask.sum()
     return float((kl_total / tokens_total.clamp(min=1.0)).cpu())
+
+
+class DistillationRun(ObjectiveRun):
+    """An SFT run given a teacher (``Trainer(cfg, teacher=model)``): the distillation loss, weighted by
+    ``train.distill_*``, over the same text and the next-token eval. The teacher sits where the student
+    does (sharded like it under a mesh) in the run's precision; the projection of the hidden-state term
+    is small, replicated on every device and trained with the student."""
+
+    def __init__(self, teacher: torch.nn.Module) -> None:
+        self.teacher = teacher
+
+    def loss(self, trainer: Any, chunking: LossChunking) -> torch.nn.Module:
+        train = trainer.cfg.train
+        settings = DistillSettings(
+            train.distill_alpha, train.distill_temperature, train.distill_hidden_weight
+        )
+        objective = DistillationObjective(
+            no_kv_cache(self.teacher),
+            trainer.model,
+            settings,
+            chunking=chunking,
+            notice=trainer._notice,
+            seed=train.seed,
+        )
+        if train.precision == "bf16":
+            self.teacher.to(torch.bfloat16)
+        place(self.teacher, trainer.mesh, trainer.device)
+        objective.to(trainer.device)
+        if trainer.mesh is not None:
+            for p in objective.parameters():  # the distillation projection: small, replicated
+                runtime.mark_sharding(p, trainer.mesh, (None,) * p.dim())
+        return objective

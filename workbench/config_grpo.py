@@ -1,28 +1,26 @@
-"""The ``grpo`` config section: GRPO's knobs under TRL's own names and defaults, and their checks.
+"""The ``grpo`` config section: GRPO's knobs under TRL's own names and defaults, as plain data.
 
 `GRPOConfig` is a section of `workbench.config.WorkbenchConfig` like ``train`` or ``lora``: its
 fields carry the names and defaults of TRL's ``GRPOConfig`` where TRL has them (so a TRL user's
 keys copy over, without a prefix), each with the docstring the config reference and
 ``python -m workbench config --explain grpo.KEY`` show. The section is read only under
-``train.objective: grpo``.
+``train.objective: grpo``: the GRPO objective (`workbench.objectives.grpo`) owns it, checks it
+against the rest of a run's config and names its keys when another objective's run sets them.
 
-`validate_grpo` checks the section's own values and `validate_grpo_run` the section against the
-rest of a run's config; `workbench.config`'s validation calls both, and every refusal names the
-key, the value and what is allowed (`workbench.config_parse.require`).
+`validate_grpo` checks the section's own values (`workbench.config`'s validation calls it, as it
+checks every section's), every refusal naming the key, the value and what is allowed
+(`workbench.config_parse.require`); `steps_per_generation` and `keeps_old_logps` are what the section
+decides with the rest of the config, for the rollouts and the memory estimate.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
-from workbench.config_parse import ConfigError, require
-
-if TYPE_CHECKING:
-    from workbench.config import WorkbenchConfig
+from workbench.config_parse import require
 
 BUILTIN_REWARD_NAMES = ("math_answer", "format", "length")
 """The built-in reward functions' names (`workbench.rl.rewards.BUILTIN_REWARDS` makes each), checked with
@@ -149,55 +147,7 @@ def validate_grpo(obj: GRPOConfig, p: str) -> None:
     )
 
 
-def validate_grpo_run(cfg: WorkbenchConfig) -> None:
-    """``train.objective: grpo`` against the rest of the config: a reference it can have, rows it can train."""
-    if cfg.train.objective != "grpo":
-        return
-    grpo = cfg.grpo
-    require(
-        grpo.beta == 0 or cfg.lora.rank > 0,
-        "grpo.beta",
-        grpo.beta,
-        "must be 0 without LoRA adapters (the KL reference is the model with its adapters switched off): "
-        "set lora.rank >= 1 or grpo.beta=0",
-    )
-    require(
-        not cfg.bucketing.packing,
-        "bucketing.packing",
-        cfg.bucketing.packing,
-        "must be false under train.objective=grpo: each prompt + completion is a row of its own",
-    )
-    if grpo.generation_batch_size is not None:
-        micro = cfg.train.batch_size * grpo.num_generations
-        require(
-            grpo.generation_batch_size % micro == 0,
-            "grpo.generation_batch_size",
-            grpo.generation_batch_size,
-            f"must be a multiple of train.batch_size={cfg.train.batch_size} x grpo.num_generations="
-            f"{grpo.num_generations} = {micro} (a micro-step's completions): e.g. {micro * 2}",
-        )
-    longest = cfg.data.max_length + grpo.max_completion_length
-    positions = cfg.model.max_position_embeddings
-    if longest > positions and cfg.model.pretrained_path is None:  # a checkpoint's positions are its own
-        raise ConfigError(
-            f"grpo.max_completion_length={grpo.max_completion_length} + data.max_length={cfg.data.max_length} "
-            f"(the longest prompt) = {longest} > model.max_position_embeddings={positions}: a prompt and its "
-            "completion are one sequence; lower one of them or raise model.max_position_embeddings"
-        )
-    for key in ("reward_funcs", "eval_reward_funcs"):  # a misspelt built-in, found with the config
-        for spec in getattr(grpo, key) or ():
-            name = spec.strip()
-            if ":" not in name and name not in BUILTIN_REWARD_NAMES:
-                close = difflib.get_close_matches(name, BUILTIN_REWARD_NAMES, n=1, cutoff=0.6)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(
-                    f"grpo.{key}: {name!r} is not a reward function{hint}; the built-ins are "
-                    f"{', '.join(BUILTIN_REWARD_NAMES)}, or give 'module:function' (a function importable "
-                    "from Python's path, with TRL's signature fn(prompts, completions, **columns))"
-                )
-
-
-def steps_per_generation(cfg: WorkbenchConfig) -> int:
+def steps_per_generation(cfg: Any) -> int:
     """Micro-steps one rollout serves: ``grpo.steps_per_generation``, or ``grpo.generation_batch_size``
     over a micro-step's completions, or (neither set) ``train.grad_accum``, as TRL resolves them."""
     grpo = cfg.grpo
@@ -208,7 +158,7 @@ def steps_per_generation(cfg: WorkbenchConfig) -> int:
     return max(1, int(cfg.train.grad_accum))
 
 
-def keeps_old_logps(cfg: WorkbenchConfig) -> bool:
+def keeps_old_logps(cfg: Any) -> bool:
     """Whether a rollout's completions are trained by a policy other than the one that sampled them,
     so the objective needs the sampler's log-probs as the old ones (TRL's rule): a rollout serves
     ``steps_per_generation x num_iterations`` micro-steps, and unless those end with an optimizer

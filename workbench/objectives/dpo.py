@@ -59,6 +59,8 @@ from workbench.models.inputs import model_inputs
 from workbench.models.lm_head import LMHead, chunked_sums, next_token_labels
 from workbench.train.lora import is_lora
 from workbench.train.objective import ChunkPlan, LossChunking, Notice, shift_for_next_token
+from workbench.train.objective_run import ObjectiveRun
+from workbench.train.trainer import place
 
 STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp")
 """The sums a DPO step reports beside its loss, averaged over pairs: `workbench.analysis.metrics` keys."""
@@ -239,10 +241,6 @@ class DPOObjective(torch.nn.Module):
     def chunking(self) -> LossChunking:
         return self.plan.chunking
 
-    def for_eval(self) -> DPOObjective:
-        """An eval of a DPO run is the DPO loss and rewards of held-out pairs."""
-        return self
-
     def logps(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per row, the answer's summed log-prob under `model` (chunked as ``train.loss_chunk_tokens`` says)."""
         labels = batch["labels"]
@@ -350,13 +348,11 @@ class Reference:
 
 def prepare_reference(
     cfg: WorkbenchConfig, model: torch.nn.Module, notice: Callable[[str], None]
-) -> Reference | None:
-    """For ``train.objective: dpo``, the reference of `model` (prepared, still on the host): its mode
-    said through `notice`, and for 'copy' a frozen copy in the policy's own precision, so that at the
-    first step the reference is the policy exactly (a bf16 copy of fp32 master weights would run its
-    norms and residuals in bf16 and tilt every reward); mode 'none' for SimPO and ORPO. None for SFT."""
-    if cfg.train.objective != "dpo":
-        return None
+) -> Reference:
+    """The reference of `model` (prepared, still on the host): its mode said through `notice`, and for
+    'copy' a frozen copy in the policy's own precision, so that at the first step the reference is the
+    policy exactly (a bf16 copy of fp32 master weights would run its norms and residuals in bf16 and
+    tilt every reward); mode 'none' for SimPO and ORPO."""
     mode, why = resolve_reference(cfg, model)
     notice(f"DPO reference: {mode} ({why})")
     if mode != "copy":
@@ -366,48 +362,58 @@ def prepare_reference(
     return Reference(mode, frozen)
 
 
-def check_objective_data(cfg: WorkbenchConfig, data: Any, *, teacher: Any = None) -> None:
-    """The run's datasets against ``train.objective``: pairs for DPO (and only for DPO, which distils
-    nothing); an SFT run of pairs would train on the rejected answers too."""
-    dpo = cfg.train.objective == "dpo"
-    if dpo and teacher is not None:
-        raise ValueError("train.objective='dpo' takes no teacher: distillation and DPO are separate runs")
-    for split in (data.train_dataset, data.eval_dataset):
-        if split is None or is_pair_dataset(split) == dpo:
-            continue
-        names = sorted(getattr(split, "column_names", None) or [])
-        if dpo:
-            raise ValueError(
-                "train.objective='dpo' needs preference pairs (columns input_ids, labels, rejected_input_ids, "
-                f"rejected_labels: `workbench.data.preference.tokenize_pairs`); a dataset handed to the Trainer "
-                f"has {names}. Leave the datasets to the Trainer (data.source of prompt/chosen/rejected "
-                "records) or tokenise them with tokenize_pairs"
-            )
-        raise ValueError(
-            f"a dataset handed to the Trainer holds preference pairs ({names}) but train.objective="
-            f"{cfg.train.objective!r} would train on the rejected answers too: set train.objective=dpo"
-        )
+class PreferenceRun(ObjectiveRun):
+    """A DPO run: pairs for data, the reference prepared from the unplaced model (`prepare_reference`),
+    then the loss of `DPOObjective` with the reference placed like the model, or precomputed into the
+    datasets; the eval is the held-out pairs' loss and rewards (`eval_module`)."""
 
+    reference: Reference | None = None
 
-def preference_objective(trainer: Any, chunking: LossChunking, place: Callable[..., Any]) -> DPOObjective:
-    """The DPO objective of a `Trainer` whose model is placed: a 'copy' reference placed like the model
-    (``place(module, mesh, device)``), a 'precompute' reference computed into its datasets now."""
-    reference, cfg = trainer.reference, trainer.cfg
-    if reference.model is not None:
-        place(reference.model, trainer.mesh, trainer.device)
-    settings = DPOSettings(cfg.train.dpo_beta, cfg.train.dpo_loss, cfg.train.simpo_gamma)
-    objective = DPOObjective(
-        settings, reference.mode, reference_model=reference.model, chunking=chunking, notice=trainer._notice
-    )
-    if reference.mode == "precompute":
-        precompute_reference(
-            objective,
-            trainer.model,
-            trainer.data,
-            autocast=lambda: trainer.data.backend.autocast(cfg.train.precision),
+    def check_data(self, trainer: Any) -> None:
+        """Preference pairs only: anything else has no rejected answer."""
+        data = trainer.data
+        for split in (data.train_dataset, data.eval_dataset):
+            if split is not None and not is_pair_dataset(split):
+                names = sorted(getattr(split, "column_names", None) or [])
+                raise ValueError(
+                    "train.objective='dpo' needs preference pairs (columns input_ids, labels, rejected_input_ids, "
+                    f"rejected_labels: `workbench.data.preference.tokenize_pairs`); a dataset handed to the Trainer "
+                    f"has {names}. Leave the datasets to the Trainer (data.source of prompt/chosen/rejected "
+                    "records) or tokenise them with tokenize_pairs"
+                )
+
+    def prepare(self, trainer: Any, model: torch.nn.Module) -> None:
+        self.reference = prepare_reference(trainer.cfg, model, trainer._notice)
+
+    def loss(self, trainer: Any, chunking: LossChunking) -> torch.nn.Module:
+        """A 'copy' reference placed like the model, a 'precompute' reference computed into the datasets
+        now, and the objective over both."""
+        reference, cfg = self.reference, trainer.cfg
+        if reference is None:
+            raise RuntimeError("PreferenceRun.prepare(trainer, model) comes before loss(): the reference")
+        if reference.model is not None:
+            place(reference.model, trainer.mesh, trainer.device)
+        settings = DPOSettings(cfg.train.dpo_beta, cfg.train.dpo_loss, cfg.train.simpo_gamma)
+        objective = DPOObjective(
+            settings,
+            reference.mode,
+            reference_model=reference.model,
+            chunking=chunking,
             notice=trainer._notice,
         )
-    return objective
+        if reference.mode == "precompute":
+            precompute_reference(
+                objective,
+                trainer.model,
+                trainer.data,
+                autocast=lambda: trainer.data.backend.autocast(cfg.train.precision),
+                notice=trainer._notice,
+            )
+        return objective
+
+    def eval_module(self, loss: torch.nn.Module) -> torch.nn.Module:
+        """The held-out pairs' DPO loss and rewards."""
+        return loss
 
 
 def _pair_batches(
