@@ -1,8 +1,8 @@
 """What the config panel shows: its two figures and its text readouts, drawn from an estimate and a plan.
 
 Drawing only, no controls and no computing: `ConfigPanel` (widgets.config_panel) composes the
-config and computes the memory estimate, the largest batch and the bucket plan; the functions
-here turn those into
+config, `widgets.config_preview` computes the memory estimate, the largest batch and the bucket
+plan; the functions here turn those into
 
 - the per-device memory bar: one stacked segment per breakdown part, against the device's memory
   (the limit) and the headroom kept free; zoomed to the estimate, with an arrow to the limit,
