@@ -47,6 +47,11 @@ class IntervalMetrics(TypedDict):
     """A compile after warm-up happened in the interval."""
     transfers: int
     """Device-to-host transfers the loop made in the interval (the profiler's own reads excluded)."""
+    expected_transfers: int | None
+    """Of `transfers`, the reads the loop made by design, as it declared them to `StepProfiler.step`
+    (a GRPO run's: each rollout's read of its completions and of its blocks' "every row has ended"
+    flags, each eval batch's read); the host-transfer advice counts only the rest. None where the
+    loop declared none (every run but a GRPO one)."""
     host_rss_bytes: int
     """Resident memory of this host process."""
     device_memory_bytes: int | None
@@ -168,9 +173,6 @@ class RunMetrics(IntervalMetrics):
     rollout_tokens_per_s: float | None
     """GRPO: completion tokens sampled per second of rollout time over the interval (filler tokens
     after a completion's end not counted)."""
-    expected_transfers: int | None
-    """GRPO: the interval's device-to-host reads made by design (each rollout's one read of its
-    completions, each eval batch's); the profiler's host-transfer advice counts only the rest."""
     completions: list[dict[str, Any]] | None
     """GRPO with ``grpo.log_completions``: the interval's last rollout's completions (the first
     ``grpo.num_completions_to_print``), one dict each: ``step``, ``group`` (the prompt's place in the
@@ -210,7 +212,6 @@ GRPO_KEYS: tuple[str, ...] = (
     "rollout_s",
     "train_s",
     "rollout_tokens_per_s",
-    "expected_transfers",
     "completions",
     "eval_reward_mean",
 )

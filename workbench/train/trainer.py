@@ -46,7 +46,7 @@ from workbench.models.build import no_kv_cache
 from workbench.models.scan import scan_notices
 from workbench.parallel.apply import batch_sharding, shard_model
 from workbench.parallel.mesh import mesh_from_config
-from workbench.rl.wiring import evaluate_grpo, grpo_objective, grpo_run_metrics, warm_up_grpo
+from workbench.rl.wiring import evaluate_grpo, grpo_objective, grpo_run_metrics, grpo_step_work, warm_up_grpo
 from workbench.trackers import with_trackers
 from workbench.train import warmup
 from workbench.train.adapter_files import save_model
@@ -365,8 +365,7 @@ class Trainer:
         evaluating = self._due(train.eval_every) and self.data.eval_dataset is not None
         eval_loss = self.budget.timed_eval(lambda: clock.paused(self.evaluate)) if evaluating else None
         is_log = self._due(train.log_every) or loop.step == train.steps
-        # the profiler reads the loss and grad norm only at log steps, after the step's sync
-        metrics = self.profiler.step(
+        metrics = self.profiler.step(  # it reads the loss and grad norm only at log steps, after the sync
             tokens,
             loss=out["loss"] if is_log else None,
             lr=lr,
@@ -376,6 +375,7 @@ class Trainer:
             grad_norm=out.get("grad_norm"),
             stats=out.get("stats"),
             inputs=batches,  # shapes and dtypes only: what each recompilation changed
+            **(grpo_step_work(self) if train.objective == "grpo" else {}),  # its rollout's reads and time
         )
         if metrics is not None:
             self._report(metrics, warm, bar)
