@@ -8,14 +8,39 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.analysis.metrics import GRPO_KEYS, METRIC_KEYS, OBJECTIVE_KEYS, ROLLOUT_KEYS
+from workbench.analysis.metrics import (
+    GRPO_KEYS,
+    INTERVAL_KEYS,
+    METRIC_KEYS,
+    OBJECTIVE_KEYS,
+    PREFERENCE_KEYS,
+    ROLLOUT_KEYS,
+)
 from workbench.rl.metrics import RolloutLog, rollout_figures, rollout_metrics
 
 
 def test_the_grpo_keys_are_contract_keys_split_between_the_objective_and_the_rollouts():
     assert set(GRPO_KEYS) <= set(METRIC_KEYS)
-    assert set(ROLLOUT_KEYS) | {"clip_ratio", "kl", "eval_reward_mean"} == set(GRPO_KEYS)
-    assert not set(ROLLOUT_KEYS) & set(OBJECTIVE_KEYS)
+    # the objective's own figures (its stats and its eval's, interval keys) and the rollouts' (run keys)
+    assert set(ROLLOUT_KEYS) | (set(OBJECTIVE_KEYS) & set(GRPO_KEYS)) == set(GRPO_KEYS)
+    assert not set(ROLLOUT_KEYS) & set(OBJECTIVE_KEYS) and not set(ROLLOUT_KEYS) & set(INTERVAL_KEYS)
+    assert set(OBJECTIVE_KEYS) == set(PREFERENCE_KEYS) | (set(GRPO_KEYS) & set(INTERVAL_KEYS))
+    assert "expected_transfers" in INTERVAL_KEYS and "expected_transfers" not in GRPO_KEYS  # the profiler's
+
+
+def test_each_objectives_keys_are_marked_where_the_contract_says_who_fills_them():
+    """The groups come from the contract's marks: each marked key's docstring names its objective."""
+    from workbench.analysis.metrics import KEYS_ONLY_IN, IntervalMetrics, RunMetrics
+    from workbench.config_reference import attribute_docs
+
+    docs = {**attribute_docs(IntervalMetrics), **attribute_docs(RunMetrics)}
+    assert set(KEYS_ONLY_IN) == {"preference", "grpo"}
+    assert KEYS_ONLY_IN["preference"] == PREFERENCE_KEYS and KEYS_ONLY_IN["grpo"] == GRPO_KEYS
+    said = {"preference": "Preference tuning", "grpo": "GRPO"}
+    for objective, keys in KEYS_ONLY_IN.items():
+        assert all(docs[key].startswith(said[objective]) for key in keys), objective
+    unmarked = set(METRIC_KEYS) - set(PREFERENCE_KEYS) - set(GRPO_KEYS)
+    assert not [key for key in unmarked if docs[key].startswith(tuple(said.values()))]
 
 
 def test_a_rollouts_figures_follow_trl():
@@ -94,9 +119,9 @@ def test_the_profiler_reads_the_objectives_clip_ratio_kl_and_eval_reward():
     )
     assert metrics["clip_ratio"] == 0.125 and metrics["kl"] == pytest.approx(0.01)
     assert metrics["eval_reward_mean"] == 0.75
-    assert all(metrics[key] is None for key in ("reward_accuracy", "eval_reward_accuracy"))
+    assert all(metrics[key] is None for key in PREFERENCE_KEYS)
     plain = StepProfiler(None, log_every=1, warmup_steps=0).step(10, loss=torch.tensor(0.5))
-    assert all(plain[key] is None for key in ("clip_ratio", "kl", "eval_reward_mean"))
+    assert all(plain[key] is None for key in OBJECTIVE_KEYS)
 
 
 # ---- unscored completions, clipped_ratio and the traps named during a run (issue 42) ----------------

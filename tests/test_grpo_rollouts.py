@@ -131,6 +131,9 @@ def test_one_rollout_serves_the_micro_steps_of_a_generation_as_trls_buffer_does(
     assert [m["reward_mean"] is None for m in history] == [False, True, False, True]
     assert all(math.isfinite(m["loss"]) for m in history)
     assert history[0]["rollout_decode_steps"] <= 20 and history[0]["completion_length_max"] <= 20
+    # the profiler is told of the rollouts' reads, and their seconds are the step's work, not a wait on input
+    assert [m["expected_transfers"] for m in history][1::2] == [0, 0]
+    assert all(m["expected_transfers"] > 0 and m["input_wait_s"] < m["rollout_s"] for m in history[::2])
     # eager (nothing compiled per shape): the completion columns are the tokens decoded, not the
     # sampler's cache budget of 32
     assert all(cols == [steps] * 4 and steps <= 20 for steps, cols in widths), widths

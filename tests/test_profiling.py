@@ -121,6 +121,33 @@ def test_profiler_intervals_exports_and_advice_on_plain_cpu(tmp_path):
         StepProfiler(None, log_every=0)
 
 
+def test_a_loops_declared_reads_and_work_inside_its_input_stream_are_not_advised_against():
+    """`step(expected_transfers=, input_work_s=)`: a loop that samples its batches on the device as it
+    fetches them (GRPO's rollouts) reads by design and works inside its input stream."""
+
+    def run(**declared):
+        prof = StepProfiler(_hw(None), log_every=2, warmup_steps=0)
+        reads = [0]
+        prof.backend.transfer_count = lambda: reads[0]  # one device->host read per step
+        for _ in range(4):
+            reads[0] += 1
+            prof.step(100, loss=1.0, input_wait_s=0.5, **declared)
+        return prof
+
+    plain = run()
+    assert [m["expected_transfers"] for m in plain.history] == [None, None]  # declared none
+    assert {"host_transfer", "input_bound"} <= {a.kind for a in plain.advice()}
+    declared = run(expected_transfers=1, input_work_s=0.4)
+    first = declared.history[0]
+    assert first["transfers"] == first["expected_transfers"] == 2
+    assert first["input_wait_s"] == pytest.approx(2 * (0.5 - 0.4))
+    assert first["input_wait_fraction"] == pytest.approx(first["input_wait_s"] / first["interval_s"])
+    assert "host_transfer" not in {a.kind for a in declared.advice()}
+    working = run(expected_transfers=1, input_work_s=0.5)  # the whole "wait" was the step's own work
+    assert working.history[0]["input_wait_s"] == 0.0
+    assert not {"host_transfer", "input_bound"} & {a.kind for a in working.advice()}
+
+
 def _chip(backend: str, chip: str, *, via_xla: bool = True, devices: int = 8) -> HardwareInfo:
     return dataclasses.replace(_hw(None, devices), backend=backend, chip=chip, via_xla=via_xla)
 

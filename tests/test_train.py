@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -208,6 +209,27 @@ def test_dynamic_batch_never_grows_past_the_memory_estimate():
     assert 2 <= cap < 2 * 2**19  # the estimate is what stops growth, not the number of steps
     assert ladder[0] == 2 and ladder[-1] <= cap < ladder[-1] * 2
     assert all(b == a * 2 for a, b in itertools.pairwise(ladder))
+    # the estimate has the config's settings (`config_settings`), accumulation's gradient buffer among
+    # them: a device that just holds a step of `cap` sequences holds fewer under accumulation
+    from workbench.analysis.estimate import estimate
+    from workbench.train.ladder import memory_batch_cap
+
+    settings = {"optimizer": "adamw", "precision": "fp32", "memory_bytes": budget}
+    exact = math.ceil(
+        estimate(trainer.model.config, batch_size=cap, seq_len=32, **settings).total_bytes / 0.9
+    )
+    caps = [
+        memory_batch_cap(
+            trainer.model,
+            cfg.with_overrides({"train.grad_accum": accum}),
+            memory_bytes=exact,
+            mesh=None,
+            dp_size=1,
+            notice=trainer.notices.append,
+        )
+        for accum in (1, 4)
+    ]
+    assert caps[0] == cap and 0 < caps[1] < cap, caps
 
 
 def test_adafactor_bf16_mixed_and_gradient_checkpointing_train_on_cpu():

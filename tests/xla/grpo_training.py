@@ -44,7 +44,16 @@ GRPO = {
     "lora.rank": 8,
     "lora.alpha": 16,
 }
-KEYS = ("step", "loss", *GRPO_KEYS, "eval_loss", "transfers", "compiles", "steps_in_interval")
+KEYS = (
+    "step",
+    "loss",
+    *GRPO_KEYS,
+    "eval_loss",
+    "transfers",
+    "expected_transfers",
+    "compiles",
+    "steps_in_interval",
+)
 """What each log step reports back: the contract's GRPO keys and the counters the tests check."""
 
 

@@ -2,14 +2,32 @@
 
 `StepProfiler` fills the `IntervalMetrics` fields; the trainer adds the `RunMetrics` fields
 (the loop's own position and batch layout) before it hands the dict to callbacks. Values that
-cannot be known on this hardware are None, never guessed. `INTERVAL_KEYS` and `METRIC_KEYS` list
-the keys in declaration order, read from the types, so no list of names is kept by hand.
+cannot be known on this hardware are None, never guessed.
+
+The two types are the one definition of the keys. A key only one objective fills (None in every
+other run) says so in its annotation, ``Annotated[float | None, ONLY_GRPO]``, beside its docstring; every
+list of keys is read from the types in declaration order (`INTERVAL_KEYS`, `METRIC_KEYS`, the
+objectives' `KEYS_ONLY_IN`, `PREFERENCE_KEYS`, `GRPO_KEYS`, `OBJECTIVE_KEYS`, `ROLLOUT_KEYS`), so no
+list of names is kept by hand.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, TypedDict, get_type_hints
+from dataclasses import dataclass
+from typing import Annotated, Any, TypedDict, get_type_hints
+
+
+@dataclass(frozen=True)
+class OnlyIn:
+    """The mark of a contract key that only one objective's runs fill (None in every other run)."""
+
+    objective: str
+    """The objective's name: 'preference' (``train.objective: dpo``, any ``train.dpo_loss``) or 'grpo'."""
+
+
+ONLY_PREFERENCE = OnlyIn("preference")
+ONLY_GRPO = OnlyIn("grpo")
 
 
 def perplexity(loss: float | None) -> float | None:
@@ -47,6 +65,11 @@ class IntervalMetrics(TypedDict):
     """A compile after warm-up happened in the interval."""
     transfers: int
     """Device-to-host transfers the loop made in the interval (the profiler's own reads excluded)."""
+    expected_transfers: int | None
+    """Of `transfers`, the reads the loop made by design, as it declared them to `StepProfiler.step`
+    (a GRPO run's: each rollout's read of its completions and of its blocks' "every row has ended"
+    flags, each eval batch's read); the host-transfer advice counts only the rest. None where the
+    loop declared none (every run but a GRPO one)."""
     host_rss_bytes: int
     """Resident memory of this host process."""
     device_memory_bytes: int | None
@@ -78,32 +101,32 @@ class IntervalMetrics(TypedDict):
     shape or dtype changed and the Python frame that triggered it (`workbench.analysis.recompiles`)."""
     grad_norm: float | None
     """Global gradient norm of the log step, before clipping (`train.max_grad_norm`)."""
-    reward_accuracy: float | None
+    reward_accuracy: Annotated[float | None, ONLY_PREFERENCE]
     """Preference tuning (``train.objective: dpo``): the log step's share of pairs whose chosen answer the
     policy rewards above the rejected one (reward = beta x (policy - reference) log-prob); None otherwise."""
-    reward_margin: float | None
+    reward_margin: Annotated[float | None, ONLY_PREFERENCE]
     """Preference tuning: the log step's mean chosen reward minus rejected reward."""
-    chosen_logp: float | None
+    chosen_logp: Annotated[float | None, ONLY_PREFERENCE]
     """Preference tuning: the policy's mean summed log-prob of the chosen answers at the log step."""
-    rejected_logp: float | None
+    rejected_logp: Annotated[float | None, ONLY_PREFERENCE]
     """Preference tuning: the policy's mean summed log-prob of the rejected answers at the log step."""
-    eval_reward_accuracy: float | None
+    eval_reward_accuracy: Annotated[float | None, ONLY_PREFERENCE]
     """Preference tuning: `reward_accuracy` over the held-out pairs, when an eval ran in the interval."""
-    eval_reward_margin: float | None
+    eval_reward_margin: Annotated[float | None, ONLY_PREFERENCE]
     """Preference tuning: `reward_margin` over the held-out pairs, when an eval ran in the interval."""
-    eval_chosen_logp: float | None
+    eval_chosen_logp: Annotated[float | None, ONLY_PREFERENCE]
     """Preference tuning: `chosen_logp` over the held-out pairs, when an eval ran in the interval."""
-    eval_rejected_logp: float | None
+    eval_rejected_logp: Annotated[float | None, ONLY_PREFERENCE]
     """Preference tuning: `rejected_logp` over the held-out pairs, when an eval ran in the interval."""
-    clip_ratio: float | None
+    clip_ratio: Annotated[float | None, ONLY_GRPO]
     """GRPO (``train.objective: grpo``): the log step's share of completion tokens whose importance
     ratio the clip held (TRL's region-clipped share: below ``1 - epsilon`` with a negative advantage
     or above ``1 + epsilon_high`` with a positive one); always 0 while ``grpo.num_iterations`` is 1
     (the ratio is then 1); None outside GRPO."""
-    kl: float | None
+    kl: Annotated[float | None, ONLY_GRPO]
     """GRPO: the log step's mean per-token KL of the policy from the reference (the adapters switched
     off; TRL's k3 estimator) over the completion tokens; None when ``grpo.beta`` is 0 and outside GRPO."""
-    eval_reward_mean: float | None
+    eval_reward_mean: Annotated[float | None, ONLY_GRPO]
     """GRPO: mean total reward of greedy completions of the held-out prompts, scored by the run's
     reward functions (``grpo.eval_reward_funcs`` when set), when an eval ran in the interval; the
     completions no function scored left out, None when none was scored and when no eval ran."""
@@ -128,50 +151,47 @@ class RunMetrics(IntervalMetrics):
     checkpoint_stall_s: float | None
     """Seconds the last checkpoint save held the training loop (with ``train.async_checkpoint``: the
     copy to the host only); None before the first save."""
-    reward_mean: float | None
+    reward_mean: Annotated[float | None, ONLY_GRPO]
     """GRPO (``train.objective: grpo``): mean total reward (the weighted sum of the reward functions)
     of the interval's sampled completions. A completion no function scored (each returned None or NaN)
     is left out, here, in ``eval_reward_mean`` and in ``eval --rewards`` alike (TRL's logged
     ``reward``); None when the interval scored none (and outside GRPO): a run that scores nothing
     for a whole interval stops."""
-    reward_std: float | None
+    reward_std: Annotated[float | None, ONLY_GRPO]
     """GRPO: the spread of the completions' total rewards within their group (a prompt's completions):
     the mean over a rollout's groups of each group's standard deviation (TRL's ``reward_std``; its
     unscored completions left out, a group with fewer than two scored left out), averaged over the
     interval's rollouts."""
-    rewards: dict[str, float | None] | None
+    rewards: Annotated[dict[str, float | None] | None, ONLY_GRPO]
     """GRPO: each reward function's mean over the interval's completions, by its name (TRL's
     ``rewards/<name>/mean``; the dashboard's traces are named ``reward/<name>``); a function that
     skipped (None) every completion is None."""
-    completion_length: float | None
+    completion_length: Annotated[float | None, ONLY_GRPO]
     """GRPO: mean tokens per sampled completion (its ending token included) over the interval."""
-    clipped_ratio: float | None
+    clipped_ratio: Annotated[float | None, ONLY_GRPO]
     """GRPO: share of the interval's completions cut at ``grpo.max_completion_length`` (still going
     when the budget ran out; TRL's ``completions/clipped_ratio``). Above 0.5 the run says so and
     names the key to raise: a cut completion's reward judges an unfinished answer."""
-    completion_length_max: int | None
+    completion_length_max: Annotated[int | None, ONLY_GRPO]
     """GRPO: the longest sampled completion of the interval, in tokens (TRL's ``completions/max_length``)."""
-    rollout_decode_steps: float | None
+    rollout_decode_steps: Annotated[float | None, ONLY_GRPO]
     """GRPO: tokens each rollout decoded per row, averaged over the interval's rollouts: the completion
     budget (``grpo.max_completion_length``) when some completion ran to it, fewer when every completion
     had ended (the rollout checks once per block of decode steps)."""
-    zero_std_groups: float | None
+    zero_std_groups: Annotated[float | None, ONLY_GRPO]
     """GRPO: share of the interval's groups (a prompt's ``grpo.num_generations`` completions) whose
     rewards were all equal, so their advantages are 0 and they teach nothing (TRL's
     ``frac_reward_zero_std``)."""
-    rollout_s: float | None
+    rollout_s: Annotated[float | None, ONLY_GRPO]
     """GRPO: seconds per optimizer step spent in rollouts (sampling on the device, the one read of the
     completions, rewards, advantages and their write); with ``grpo.num_iterations`` above 1 a rollout
     is shared by that many steps."""
-    train_s: float | None
+    train_s: Annotated[float | None, ONLY_GRPO]
     """GRPO: seconds per optimizer step spent in the training step itself, outside the rollout."""
-    rollout_tokens_per_s: float | None
+    rollout_tokens_per_s: Annotated[float | None, ONLY_GRPO]
     """GRPO: completion tokens sampled per second of rollout time over the interval (filler tokens
     after a completion's end not counted)."""
-    expected_transfers: int | None
-    """GRPO: the interval's device-to-host reads made by design (each rollout's one read of its
-    completions, each eval batch's); the profiler's host-transfer advice counts only the rest."""
-    completions: list[dict[str, Any]] | None
+    completions: Annotated[list[dict[str, Any]] | None, ONLY_GRPO]
     """GRPO with ``grpo.log_completions``: the interval's last rollout's completions (the first
     ``grpo.num_completions_to_print``), one dict each: ``step``, ``group`` (the prompt's place in the
     rollout), ``prompt`` (as the record gives it), ``completion`` (the decoded text), ``rewards`` (each
@@ -184,44 +204,32 @@ class RunMetrics(IntervalMetrics):
 INTERVAL_KEYS: tuple[str, ...] = tuple(get_type_hints(IntervalMetrics))
 """Every key `StepProfiler` reports for an interval, in declaration order."""
 
-PREFERENCE_KEYS: tuple[str, ...] = (
-    "reward_accuracy",
-    "reward_margin",
-    "chosen_logp",
-    "rejected_logp",
-    "eval_reward_accuracy",
-    "eval_reward_margin",
-    "eval_chosen_logp",
-    "eval_rejected_logp",
-)
-"""The interval keys only preference tuning fills (None in any other run)."""
+METRIC_KEYS: tuple[str, ...] = tuple(get_type_hints(RunMetrics))
+"""Every key of a callback's metrics dict: the interval's, then the run's."""
 
-GRPO_KEYS: tuple[str, ...] = (
-    "reward_mean",
-    "reward_std",
-    "rewards",
-    "completion_length",
-    "clipped_ratio",
-    "completion_length_max",
-    "rollout_decode_steps",
-    "clip_ratio",
-    "kl",
-    "zero_std_groups",
-    "rollout_s",
-    "train_s",
-    "rollout_tokens_per_s",
-    "expected_transfers",
-    "completions",
-    "eval_reward_mean",
-)
+
+def _only_in(cls: type) -> dict[str, tuple[str, ...]]:
+    """The keys `cls` declares that only one objective fills, by objective, in declaration order."""
+    groups: dict[str, tuple[str, ...]] = {}
+    for key, hint in get_type_hints(cls, include_extras=True).items():
+        for mark in getattr(hint, "__metadata__", ()):
+            if isinstance(mark, OnlyIn):
+                groups[mark.objective] = (*groups.get(mark.objective, ()), key)
+    return groups
+
+
+KEYS_ONLY_IN: dict[str, tuple[str, ...]] = _only_in(RunMetrics)
+"""The keys only one objective fills, by objective ('preference', 'grpo'): None in any other run."""
+
+PREFERENCE_KEYS: tuple[str, ...] = KEYS_ONLY_IN["preference"]
+"""The keys only preference tuning fills (None in any other run); all of them interval keys."""
+
+GRPO_KEYS: tuple[str, ...] = KEYS_ONLY_IN["grpo"]
 """The keys only GRPO fills (None in any other run)."""
 
-OBJECTIVE_KEYS: tuple[str, ...] = (*PREFERENCE_KEYS, "clip_ratio", "kl", "eval_reward_mean")
+OBJECTIVE_KEYS: tuple[str, ...] = tuple(k for keys in _only_in(IntervalMetrics).values() for k in keys)
 """The interval keys an objective's own figures fill (its ``stats`` sums, read at the log step, and
 its eval's, as ``eval_<name>``); `StepProfiler` sets the rest of them to None."""
 
-ROLLOUT_KEYS: tuple[str, ...] = tuple(k for k in GRPO_KEYS if k not in OBJECTIVE_KEYS)
+ROLLOUT_KEYS: tuple[str, ...] = tuple(k for k in GRPO_KEYS if k not in INTERVAL_KEYS)
 """The run keys a GRPO run's rollouts fill (`workbench.rl.metrics.rollout_metrics`); None elsewhere."""
-
-METRIC_KEYS: tuple[str, ...] = tuple(get_type_hints(RunMetrics))
-"""Every key of a callback's metrics dict: the interval's, then the run's."""

@@ -52,7 +52,10 @@ class StepProfiler:
     Call `step(tokens, loss=..., lr=...)` once per optimizer step, after the step was launched
     (after ``runtime.sync()`` on XLA). Time between calls spent fetching the next batch can
     be marked with ``with profiler.input_wait(): batch = next(it)`` (or passed as
-    ``step(..., input_wait_s=...)``) for the "waiting on input" advice.
+    ``step(..., input_wait_s=...)``) for the "waiting on input" advice. A loop whose input stream
+    does part of the step's own work (sampling the batch it then trains on) passes those seconds as
+    ``step(..., input_work_s=...)``, and a loop that reads from the device by design (those samples'
+    tokens) passes its reads as ``step(..., expected_transfers=...)``: neither is then advised against.
 
     `hw`: the hardware (peak FLOP/s, memory per device, whether XLA drives it); None for unknown.
     `flops_per_token`: from `training_flops_per_token`, for MFU. `peak_flops`: total peak over
@@ -65,7 +68,7 @@ class StepProfiler:
     explained in ``recompile_causes`` and the advice (`recompiles`).
     `sync_at_log`: at a log step with no loss to read, wait for the device so the interval's
     time is the device's, not the host's.
-    `stat_names`: the metrics keys of the objective's own figures (a DPO run's `STAT_NAMES`), in the
+    `stat_names`: the metrics keys of the objective's own figures (`OBJECTIVE_KEYS` it fills), in the
     order of the 1-D tensor `step` takes as ``stats``; the eval's come as ``eval_loss.stats``.
     `communication`: the run's step collectives (`run_communication`), or a function returning them,
     called once at the first `advice()`; on a mesh of several devices the advice says what they cost.
@@ -130,6 +133,8 @@ class StepProfiler:
         self._interval_steps = 0
         self._interval_tokens = 0
         self._interval_wait = 0.0
+        self._interval_work = 0.0  # of the wait: the step's own work done inside the input stream
+        self._interval_expected: int | None = None
         self._interval_counters = counters
         self._last_compiles = counters[0]
         self._interval_first_recompile = len(self.recompiles.recompiles)
@@ -170,6 +175,8 @@ class StepProfiler:
         grad_norm: Any = None,
         inputs: Any = None,
         stats: Any = None,
+        input_work_s: float = 0.0,
+        expected_transfers: int | None = None,
     ) -> IntervalMetrics | None:
         """Record one optimizer step of `tokens` real tokens. Returns the metrics dict at a log
         step (every `log_every` steps, or when `log=True`), else None.
@@ -182,6 +189,12 @@ class StepProfiler:
         `inputs`: the step's batch (a dict of tensors) or its batches (a list of dicts, one per
         accumulation step), for the recompile forensics: only their shapes and dtypes are read.
         `stats`: the objective's figures (`stat_names`), a 1-D tensor read like the loss.
+        `input_work_s`: seconds of the step's own work spent inside the input stream since the last
+        step (a batch sampled on the device as it was fetched): left out of the interval's
+        ``input_wait_s``, which counts only waiting. `expected_transfers`: the device->host reads the
+        loop made by design since the last step (reading those samples), the interval's
+        ``expected_transfers``; the host-transfer advice counts only the rest. Both count whichever
+        step they are given at, so a loop passes what it did since its last call.
         """
         self._step += 1
         self._tokens_seen += int(tokens)
@@ -189,6 +202,10 @@ class StepProfiler:
         self._interval_tokens += int(tokens)
         if input_wait_s:
             self._interval_wait += float(input_wait_s)
+        if input_work_s:
+            self._interval_work += float(input_work_s)
+        if expected_transfers is not None:
+            self._interval_expected = (self._interval_expected or 0) + int(expected_transfers)
         # host-side counter: which step compiled (recompiles after warm-up are the advice)
         compiles = self._counters()[0]
         signatures = input_signatures(inputs)
@@ -228,6 +245,7 @@ class StepProfiler:
         steps = self._interval_steps
         tokens_per_s = self._interval_tokens / interval
         device_used, device_limit = self._device_memory()
+        waited = max(0.0, self._interval_wait - self._interval_work)
         metrics: IntervalMetrics = {
             "step": self._step,
             "loss": loss_value,
@@ -240,6 +258,7 @@ class StepProfiler:
             "total_compiles": compiles,
             "recompiled": bool(in_interval),
             "transfers": transfers - x0,
+            "expected_transfers": self._interval_expected,
             "host_rss_bytes": _host_rss(),
             "device_memory_bytes": device_used,
             "device_memory_limit_bytes": device_limit,
@@ -249,8 +268,8 @@ class StepProfiler:
             "eval_perplexity": getattr(eval_loss, "perplexity", perplexity(eval_loss)),
             "steps_in_interval": steps,
             "interval_s": interval,
-            "input_wait_s": self._interval_wait,
-            "input_wait_fraction": self._interval_wait / interval,
+            "input_wait_s": waited,
+            "input_wait_fraction": waited / interval,
             "compiled_program_bytes": self.backend.compiled_program_bytes(),
             "recompile_steps": [r.step for r in in_interval],
             "recompile_causes": [r.describe() for r in in_interval],
@@ -262,8 +281,8 @@ class StepProfiler:
         return metrics
 
     def _objective_figures(self, stats: Any, eval_loss: Any) -> dict[str, float | None]:
-        """The objective's figures of the contract (DPO's, GRPO's clip ratio and KL): the step's `stats`
-        (one read) and the eval's, else None."""
+        """The objective's figures of the contract (`OBJECTIVE_KEYS`): the step's `stats` (one read) and
+        the eval's, else None."""
         figures: dict[str, float | None] = dict.fromkeys(OBJECTIVE_KEYS)
         if stats is not None and self.stat_names:
             values = stats.detach().cpu().tolist() if hasattr(stats, "detach") else list(stats)
@@ -426,7 +445,7 @@ class StepProfiler:
 
 
 def _unplanned(metrics: Any) -> int:
-    """An interval's transfers beyond the reads its loop makes by design (a GRPO rollout's)."""
+    """An interval's transfers beyond the reads its loop declared it makes by design (`expected_transfers`)."""
     return int(metrics["transfers"]) - int(metrics.get("expected_transfers") or 0)
 
 

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from workbench.analysis.metrics import PREFERENCE_KEYS
 from workbench.backend.xla import runtime
 from workbench.config import REFERENCE_FREE_LOSSES, WorkbenchConfig
 from workbench.data.chat import IGNORE_INDEX
@@ -62,7 +63,7 @@ from workbench.train.objective import ChunkPlan, LossChunking, Notice, shift_for
 from workbench.train.objective_run import ObjectiveRun
 from workbench.train.trainer import place
 
-STAT_NAMES = ("reward_accuracy", "reward_margin", "chosen_logp", "rejected_logp")
+STAT_NAMES = tuple(key for key in PREFERENCE_KEYS if not key.startswith("eval_"))
 """The sums a DPO step reports beside its loss, averaged over pairs: `workbench.analysis.metrics` keys."""
 
 REFERENCE_COLUMNS = ("reference_chosen_logp", "reference_rejected_logp")

@@ -159,21 +159,30 @@ class RolloutLog:
 
     The rollout stream calls `add` after each rollout and the loop `trained` after each optimizer
     step with the seconds it spent outside the rollout; `take` returns the interval's
-    `rollout_metrics` and starts the next interval. On XLA a step runs on the device after its sync
+    `rollout_metrics` and starts the next interval. `take_rollout_seconds` hands each step's rollout
+    seconds to the step profiler (its ``input_work_s``: a rollout runs inside the stream's ``next()``). On XLA a step runs on the device after its sync
     returns and the next rollout's read waits for it: time a rollout from after
     ``runtime.wait_device_ops()``, or the step's device time is counted as the rollout's.
     """
 
     rollouts: list[RolloutFigures] = field(default_factory=list)
     train_seconds: float = 0.0
+    untaken_rollout_seconds: float = 0.0
+    """Rollout seconds since the last `take_rollout_seconds` (counted apart from the interval's)."""
 
     def add(self, figures: RolloutFigures) -> None:
         """A rollout finished (its figures from `rollout_figures`)."""
         self.rollouts.append(figures)
+        self.untaken_rollout_seconds += figures.seconds
 
     def trained(self, seconds: float) -> None:
         """An optimizer step spent `seconds` in training, outside its rollout."""
         self.train_seconds += float(seconds)
+
+    def take_rollout_seconds(self) -> float:
+        """The seconds the rollouts added since the last call took (0.0 when none ran)."""
+        seconds, self.untaken_rollout_seconds = self.untaken_rollout_seconds, 0.0
+        return seconds
 
     def take(self, steps: int) -> dict[str, Any]:
         """The interval's `rollout_metrics` over its `steps` optimizer steps; the log starts empty again."""

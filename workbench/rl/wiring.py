@@ -184,6 +184,14 @@ def stop_when_nothing_scored(data: RolloutData) -> Any:
     return check
 
 
+def grpo_step_work(trainer: Any) -> dict[str, Any]:
+    """What the GRPO step just run did by design, as `StepProfiler.step` takes it: the reads of completions
+    and flags since the last step (``expected_transfers``: its rollout's, its eval's) and the seconds its
+    rollout ran inside the stream's ``next()`` (``input_work_s``: the step's work, not a wait on input)."""
+    data = trainer.data
+    return {"expected_transfers": data.take_reads(), "input_work_s": data.log.take_rollout_seconds()}
+
+
 def grpo_run_metrics(trainer: Any, interval: Any) -> dict[str, Any]:
     """The interval's rollout figures (`workbench.rl.metrics.ROLLOUT_KEYS`) for `run_metrics`; the
     eval's figure is its reward (``eval_reward_mean``), so the eval-loss keys stay None."""
@@ -192,22 +200,15 @@ def grpo_run_metrics(trainer: Any, interval: Any) -> dict[str, Any]:
         data.current.step_ended()
     steps = max(1, int(interval.get("steps_in_interval") or 1))
     figures = data.log.take(steps)
-    figures["expected_transfers"] = data.take_reads()
     step = int(interval["step"])
     if figures.get("completions"):  # grpo.log_completions: the rows of the interval's last rollout
         figures["completions"] = [{"step": step, **row} for row in figures["completions"]]
     data.traps.say(interval_traps(figures, trainer.cfg.grpo, step))
     data.stop_reason = nothing_scored(figures, data.rollouts.rewards.names, step)
-    # a rollout runs inside the stream's next(): its seconds are the step's work, not a wait on input
-    waited = float(interval.get("input_wait_s") or 0.0)
-    input_wait = max(0.0, waited - figures["rollout_s"] * steps)
-    share = float(interval.get("input_wait_fraction") or 0.0) * (input_wait / waited) if waited > 0 else 0.0
     # the eval's figure is its reward (eval_reward_mean), not a loss
     eval_reward = interval.get("eval_reward_mean")  # nan: the eval scored nothing (n/a)
     return {
         **figures,
-        "input_wait_s": input_wait,
-        "input_wait_fraction": share,
         "eval_loss": None,
         "eval_perplexity": None,
         "eval_reward_mean": eval_reward if eval_reward is None or math.isfinite(eval_reward) else None,
@@ -322,6 +323,11 @@ class GRPORun(ObjectiveRun):
     def evaluate(self, trainer: Any, max_batches: int | None = None) -> EvalLoss:
         """The mean reward of greedy completions of the eval prompts."""
         return trainer.data.evaluate(trainer.loop.batch_size, max_batches)
+
+    def step_work(self, trainer: Any) -> dict[str, Any]:
+        """The reads of completions and flags the step's rollout (and an eval) made by design, and the
+        seconds the rollout ran inside the stream (`grpo_step_work`)."""
+        return grpo_step_work(trainer)
 
     def interval_metrics(self, trainer: Any, interval: Any) -> dict[str, Any]:
         """The interval's rollout figures (`workbench.rl.metrics.ROLLOUT_KEYS`); the eval's figure is its

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench.analysis.batch import max_batch_size
-from workbench.analysis.objective_memory import NEXT_TOKEN
+from workbench.analysis.config_estimate import config_settings
 from workbench.config import WorkbenchConfig
 from workbench.models.checkpoint_offload import checkpoints_offloaded
 from workbench.models.mlp_tiles import installed_tiling
-from workbench.objective_registry import objective_for
 
 
 def plan_batch_ladder(train: Any, *, dp_size: int, memory_cap: int | None) -> list[int]:
@@ -47,30 +46,28 @@ def memory_batch_cap(
     notice: Callable[[str], None],
 ) -> int | None:
     """The largest global batch the memory estimate allows at the longest length, or None when
-    there is no limit to fit or no estimate can be made (said through `notice`)."""
+    there is no limit to fit or no estimate can be made (said through `notice`). The estimate's
+    settings are the config's (`config_settings`: accumulation's gradient buffer, a DPO run's reference,
+    a GRPO run's rollout of prompts of max_length with their completions, ...), the activation offload
+    and the MLP tiles as the prepared model runs them."""
     if memory_bytes is None:
         return None
     train = cfg.train
     try:
+        settings = {
+            **config_settings(cfg),
+            # as the prepared model runs: its checkpoints offloaded or not, its MLP tiled or not
+            "offload_activations": "on" if checkpoints_offloaded(model) else "off",
+            "mlp_chunk_tokens": tiling.setting if (tiling := installed_tiling(model)) else None,
+        }
         cap = int(
             max_batch_size(
                 model.config,
                 seq_len=cfg.data.max_length,
                 memory_bytes=memory_bytes,
                 multiple_of=dp_size,
-                optimizer=train.optimizer,
-                precision=train.precision,
-                gradient_checkpointing=train.gradient_checkpointing,
                 mesh=mesh,
-                lora_rank=cfg.lora.rank,
-                lora_targets=cfg.lora.target_modules,
-                quantize=cfg.model.quantize,
-                loss_chunk_tokens=train.loss_chunk_tokens,
-                # what an example is: a row, a pair, a GRPO prompt with its completions
-                objective=objective_for(cfg).memory(cfg) or NEXT_TOKEN,
-                # as the prepared model runs: its checkpoints offloaded or not, its MLP tiled or not
-                offload_activations="on" if checkpoints_offloaded(model) else "off",
-                mlp_chunk_tokens=tiling.setting if (tiling := installed_tiling(model)) else None,
+                **settings,
             )
         )
     except Exception as err:  # an estimate that cannot be made must not stop training

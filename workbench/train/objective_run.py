@@ -11,7 +11,9 @@ placed. The `Trainer` then asks it, in this order and never which objective it i
    `eval_module`, what `StepEngine.eval_loss` computes on held-out batches;
 5. `warmup_work`: the batches warm-up compiles the step and the eval on (`workbench.train.warmup`);
 6. `evaluate`: the held-out figure (a loss, or GRPO's mean reward);
-7. `interval_metrics`: the objective's own figures of a log interval (`workbench.analysis.metrics`).
+7. `step_work`: after each step, what it did by design that the profiler must not advise against (GRPO's
+   reads of completions, its rollout's seconds inside the input stream);
+8. `interval_metrics`: the objective's own figures of a log interval (`workbench.analysis.metrics`).
 
 This class is the next-token loss's run (SFT): every default here is its behaviour, and the other
 objectives (`workbench.objectives`) override where they differ.
@@ -98,6 +100,12 @@ class ObjectiveRun:
         """The held-out figure: the mean eval loss of the objective's eval module (`StepEngine.eval_loss`)."""
         batches = trainer.data.eval_batches(trainer.loop.batch_size)
         return trainer.engine.eval_loss(batches, max_batches)
+
+    def step_work(self, trainer: Any) -> dict[str, Any]:
+        """What the step just run did by design, as `workbench.analysis.profiler.StepProfiler.step` takes it
+        (``expected_transfers``: reads made on purpose; ``input_work_s``: the step's own work done inside
+        the input stream), after its eval: nothing here."""
+        return {}
 
     def interval_metrics(self, trainer: Any, interval: Mapping[str, Any]) -> dict[str, Any]:
         """The objective's own figures of a log interval, beside the profiler's: none here."""

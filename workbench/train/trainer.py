@@ -356,8 +356,7 @@ class Trainer:
         evaluating = self._due(train.eval_every) and self.data.eval_dataset is not None
         eval_loss = self.budget.timed_eval(lambda: clock.paused(self.evaluate)) if evaluating else None
         is_log = self._due(train.log_every) or loop.step == train.steps
-        # the profiler reads the loss and grad norm only at log steps, after the step's sync
-        metrics = self.profiler.step(
+        metrics = self.profiler.step(  # it reads the loss and grad norm only at log steps, after the sync
             tokens,
             loss=out["loss"] if is_log else None,
             lr=lr,
@@ -367,6 +366,7 @@ class Trainer:
             grad_norm=out.get("grad_norm"),
             stats=out.get("stats"),
             inputs=batches,  # shapes and dtypes only: what each recompilation changed
+            **self.objective_run.step_work(self),  # reads and work the objective's stream did by design
         )
         if metrics is not None:
             self._report(metrics, warm, bar)
