@@ -112,7 +112,8 @@ class GenerationResult:
     buckets: list[int]
     """The padded prompt length each prompt ran at."""
     compiles: int
-    """Programs XLA compiled during the call, a prewarm's included (0 off XLA)."""
+    """Programs the backend compiled during the call (`Backend.compile_count`), a prewarm's included (0 on
+    an eager backend, where decoding compiles nothing)."""
     seconds: float
     """Wall time of the call, device work (and a prewarm) included."""
 
