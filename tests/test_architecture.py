@@ -64,6 +64,15 @@ def test_torch_xla_is_imported_only_behind_the_runtime_seam():
 
 TRAINING_LAYER = ("train", "rl")
 """Packages of `workbench` that run on any execution backend without asking which one it is."""
+ASKING_THE_BACKEND = (
+    "generate.py",
+    "decoding.py",
+    "generation_controls.py",
+    "analysis/trace.py",
+    "analysis/advice.py",
+)
+"""Modules that ask the `Backend` too: sampling (fixed rows and a static cache where each new shape
+compiles, the step's end, the RNG, host copies), the profiler's traces and its advice."""
 EXECUTION_MODEL_WORDS = ("xla", "ranks")
 
 
@@ -80,6 +89,13 @@ def _names_in(test: ast.AST) -> list[str]:
     return names
 
 
+def _python_files(path: Path) -> list[Path]:
+    """`path` itself when it is a module, else every module under it (a path that holds none fails)."""
+    files = [path] if path.is_file() else sorted(path.rglob("*.py"))
+    assert files, f"{path.relative_to(REPO)} holds no module: name what it became"
+    return files
+
+
 def _conditions(tree: ast.Module) -> list[ast.AST]:
     found: list[ast.AST] = []
     for node in ast.walk(tree):
@@ -93,11 +109,12 @@ def _conditions(tree: ast.Module) -> list[ast.AST]:
 
 
 def test_the_training_layer_never_branches_on_the_execution_model():
-    """`workbench.train` and `workbench.rl` ask the backend (`workbench.backend.protocol`: `Backend`,
-    `Replicas`) instead of testing whether they run on torch_xla or across torchrun's ranks."""
+    """`workbench.train` and `workbench.rl` (and the `ASKING_THE_BACKEND` modules) ask the backend
+    (`workbench.backend.protocol`: `Backend`, `Replicas`) instead of testing whether they run on
+    torch_xla or across torchrun's ranks."""
     wrong = []
-    for package in TRAINING_LAYER:
-        for path in sorted((REPO / "workbench" / package).rglob("*.py")):
+    for package in TRAINING_LAYER + ASKING_THE_BACKEND:
+        for path in _python_files(REPO / "workbench" / package):
             for test in _conditions(ast.parse(path.read_text())):
                 named = [n for n in _names_in(test) if any(w in n.lower() for w in EXECUTION_MODEL_WORDS)]
                 if named:

@@ -159,6 +159,69 @@ def test_prewarm_stop_and_penalty_errors_say_what_is_needed():
         generate(model, [[3, 4]], max_new_tokens=2, stop=[""], tokenizer=object())
 
 
+# ---- the decoder asks its Backend -------------------------------------------------------------------
+
+
+def _asked_backend(compiles_every_shape: bool):
+    """Plain torch on the CPU that says whether each new shape compiles, and records what it is asked."""
+    import dataclasses
+
+    from workbench.backend.hardware import detect
+    from workbench.backend.native.torch_native import NativeTorch
+
+    class Asked(NativeTorch):
+        def __init__(self) -> None:
+            super().__init__(dataclasses.replace(detect("cpu"), via_xla=False))
+            self.compiles_every_shape = compiles_every_shape
+            self.boundaries, self.copied, self.seeds = 0, [], []
+
+        def step_boundary(self) -> None:
+            self.boundaries += 1
+
+        def compile_count(self) -> int:  # a stand-in counter: every step ended counts as a program
+            return self.boundaries
+
+        def host_copies(self, tensors):
+            self.copied.append([tuple(t.shape) for t in tensors])
+            return super().host_copies(tensors)
+
+        def seeded_rng(self, seed, device):
+            self.seeds.append(seed)
+            return super().seeded_rng(seed, device)
+
+    return Asked()
+
+
+def test_the_decoder_takes_fixed_rows_and_a_static_cache_where_its_backend_compiles_every_shape(monkeypatch):
+    from workbench import decoding
+    from workbench.generate import read_rollout, sample_rollout
+
+    caches = []
+    build = decoding.static_cache
+    monkeypatch.setattr(decoding, "static_cache", lambda *args: caches.append(args[1]) or build(*args))
+    model = tiny_model("llama")
+    batch = prompts((3, 5, 7))  # one bucket of 8: three prompts
+    eager, fixed = _asked_backend(False), _asked_backend(True)
+    got = generate(model, batch, max_new_tokens=6, buckets=[8], eos_token_id=None, backend=eager)
+    # eager: the rows rounded up to a power of two, a growing cache; the stand-in counter: 6 steps
+    assert eager.copied == [[(4, 16)]] and caches == [] and got.compiles == 6
+    same = generate(model, batch, max_new_tokens=6, buckets=[8], eos_token_id=None, backend=fixed)
+    # every shape a program: max_batch_size rows and a static cache of bucket + budget, the same tokens
+    assert fixed.copied == [[(8, 16)]] and caches == [8 + 16] and same.token_ids == got.token_ids
+    assert prewarm_generation(model, buckets=[8], max_new_tokens=6, backend=eager) == 0
+    assert eager.boundaries == 6  # nothing run
+    assert prewarm_generation(model, buckets=[8], max_new_tokens=6, backend=fixed) == 3  # prefill, 2 steps
+    generate(model, batch, max_new_tokens=2, temperature=1.0, seed=7, backend=eager)
+    assert eager.seeds == [7]  # greedy seeds nothing; sampling asks the backend for its draws
+    rows = [batch[0], batch[1][:4]]
+    ids = torch.tensor([[0, *rows[0]], rows[1]])  # left-padded to 4
+    options = {"max_new_tokens": 4, "temperature": 0.0, "eos_token_id": None, "pad_token_id": 0}
+    rollout = sample_rollout(model, ids, (ids > 0).long(), backend=fixed, **options)
+    assert fixed.boundaries == 6 + 3 + 4 + 1  # 4 tokens chosen, then the result's layout as its own program
+    expected = generate(model, rows, max_new_tokens=4, eos_token_id=None).token_ids
+    assert read_rollout(rollout, backend=fixed)[0] == expected and fixed.copied[-1] == [(2, 16), (2,), (2,)]
+
+
 # ---- the training path keeps its KV cache off ------------------------------------------------------
 
 

@@ -186,6 +186,9 @@ def test_profiler_advice_on_an_fsdp_mesh_names_the_reduce_scatter(tmp_path):
         f"{format_bytes(wire)} per device)"
     ) in cpu.message
     assert "as TPU's XLA compiles it" in cpu.message and "the CPU has no published" in cpu.message
+    # what the run's backend says, not the machine: plain torch's ranks on the CPU leave it as predicted
+    (gloo,) = communication_finding(report, _chip("cpu", "cpu", via_xla=False))
+    assert "all-reduced whole" not in gloo.message and "as TPU's XLA" not in gloo.message
 
     # a TPU prices it: seconds per axis at the chip's collective bandwidth, and the share of the step
     (tpu,) = communication_finding(report, _chip("tpu", "v5e"))
@@ -216,6 +219,40 @@ def test_trace_on_cpu_writes_a_tensorboard_trace(tmp_path):
     events = json.loads(files[0].read_text())["traceEvents"]
     names = {e.get("name") for e in events}
     assert {"train_step_0", "train_step_2"} <= names and "aten::addmm" in names
+
+
+def test_trace_asks_the_run_backend_how_the_device_is_profiled(tmp_path):
+    import torch
+
+    from workbench.backend.native.torch_native import NativeTorch
+    from workbench.backend.xla.spmd import XlaSpmd
+
+    class OwnProfiler(NativeTorch):  # a device whose own profiler captures the steps (as a TPU's does)
+        def __init__(self, hw: HardwareInfo) -> None:
+            super().__init__(hw)
+            self.waits, self.captured = 0, []
+
+        def wait(self) -> None:
+            self.waits += 1
+
+        def capture_trace(self, step_fn, steps, logdir, *, step_s, port) -> bool:
+            self.captured.append((steps, port, isinstance(step_s, float)))
+            for _ in range(steps):
+                step_fn()
+            return True
+
+    backend, calls = OwnProfiler(_chip("cpu", "cpu", via_xla=False)), []
+    logdir = trace(lambda: calls.append(1), steps=2, logdir=tmp_path, warmup=1, port=9100, backend=backend)
+    assert logdir == tmp_path and len(calls) == 3 and backend.captured == [(2, 9100, True)]
+    assert backend.waits == 1 and not list(tmp_path.glob("*.pt.trace.json"))  # torch.profiler never ran
+    # torch.profiler records CUDA's kernels on plain torch's CUDA only; XLA:CPU's trace is torch.profiler's
+    cuda = torch.profiler.ProfilerActivity.CUDA
+    assert cuda in NativeTorch(_chip("cuda", "h100", via_xla=False)).profiler_activities()
+    assert cuda not in XlaSpmd(_chip("cuda", "h100")).profiler_activities()
+    assert XlaSpmd(_chip("cpu", "cpu")).capture_trace(calls.append, 1, tmp_path, step_s=0.1, port=1) is False
+    assert len(calls) == 3  # nothing run
+    assert XlaSpmd(_chip("cpu", "cpu")).reduce_scatter_as_all_reduce
+    assert not XlaSpmd(_chip("tpu", "v5e")).reduce_scatter_as_all_reduce
 
 
 @pytest.fixture(scope="module")

@@ -230,10 +230,8 @@ def _generate(args: argparse.Namespace) -> int:
     """Load the model directory, sample on the detected device, print each prompt's text."""
     import functools
 
-    import torch
-
     from workbench.backend.hardware import detect
-    from workbench.backend.xla import runtime
+    from workbench.backend.selection import backend_for
     from workbench.data.chat import chat_token_ids
     from workbench.generate import generate
     from workbench.models.attention_choice import choose_attention, use_attention
@@ -269,10 +267,12 @@ def _generate(args: argparse.Namespace) -> int:
             field="--attention",
         )
         use_attention(model, kernel)
-        model.to(runtime.device() if hw.via_xla else torch.device(hw.backend))
+        backend = backend_for(hw)
+        model.to(backend.device())
         result = generate(
             model,
             prompts,
+            backend=backend,
             tokenizer=tokenizer,
             max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,

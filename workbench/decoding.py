@@ -2,7 +2,9 @@
 step, with every per-row value (tokens, ends, lengths, log-probs) a device tensor advanced inside
 the step, so decoding needs no host read and XLA compiles each program once. On an eager backend
 (CPU, CUDA), where shapes compile nothing, the cache grows with the tokens instead (transformers'
-`DynamicCache`), so each step's attention reads only the positions written.
+`DynamicCache`), so each step's attention reads only the positions written. Which of the two, what
+ends a step, the sampling RNG and the host copies: the decoder asks its `Backend` (the caller's, else
+`backend_of` the model's weights), never which backend it is.
 
 `Decoder.decode` runs one batch of left-padded rows already on the device and returns their
 `DecodeState`; `Decoder.run` (what `generate` calls) pads token-id lists and reads the tokens back
@@ -16,13 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from workbench.backend.xla import runtime
+from workbench.backend.protocol import Backend
+from workbench.backend.selection import backend_of
 from workbench.generation_controls import RepetitionPenalty, StopStrings
 
 CACHE_MULTIPLE = 16
@@ -73,10 +77,13 @@ class Decoder:
         top_p: float = 1.0,
         stop: list[str],
         repetition_penalty: float,
+        backend: Backend | None = None,
     ) -> None:
         self.model, self.max_rows = model, max_rows
         self.dev = model_device(model)
-        self.xla = self.dev.type == "xla"
+        self.backend = backend if backend is not None else model_backend(model)
+        """What the decoder asks of the device: whether each new shape compiles a program (then the
+        rows and the cache keep their shapes), the step's end, its RNG, the compile count."""
         self.pad, self.temperature, self.top_k, self.top_p = pad, temperature, top_k, top_p
         self.stop = StopStrings(tokenizer, stop, self.dev) if stop else None
         self.penalty = RepetitionPenalty(repetition_penalty) if repetition_penalty != 1.0 else None
@@ -93,7 +100,8 @@ class Decoder:
     ) -> tuple[list[list[int]], list[bool]]:
         """Generate up to `new` tokens for `prompts` (all at most `bucket` long) with a cache of
         ``bucket + budget`` positions; returns each prompt's tokens and whether it ended early."""
-        rows = self.max_rows if self.xla else min(row_count(len(prompts)), self.max_rows)
+        fixed_rows = self.backend.compiles_every_shape  # each batch shape would be a program
+        rows = self.max_rows if fixed_rows else min(row_count(len(prompts)), self.max_rows)
         input_ids, mask = self.left_padded(prompts, rows, bucket, bucket + budget)
         positions = (mask[:, :bucket].cumsum(-1) - 1).clamp(min=0)  # as model.generate numbers them
         window = self.stop.start(input_ids, mask[:, :bucket], self.dev) if self.stop is not None else None
@@ -130,9 +138,9 @@ class Decoder:
         processes that decode in step, whether every process's rows ended).
         """
         rows, bucket = input_ids.shape
-        # traced (XLA): one static cache and mask of the whole budget, so every step is one program;
-        # eager: a cache that grows with the tokens, so attention reads only the positions written
-        grows = not self.xla
+        # compiled per shape (XLA): one static cache and mask of the whole budget, so every step is one
+        # program; eager: a cache that grows with the tokens, so attention reads only the positions written
+        grows = not self.backend.compiles_every_shape
         cache = dynamic_cache(self.model) if grows else static_cache(self.model, bucket + budget)
 
         def seen(positions: int) -> torch.Tensor:
@@ -156,7 +164,7 @@ class Decoder:
         pos = positions[:, -1:].clone()
         cache_pos = extra["cache_position"][-1:].clone() if self.cache_position else None
         token = self._record(*self.pick(logits, state), state)
-        self._sync()
+        self.backend.step_boundary()
         state.steps = 1
         ended = all_ended or (lambda flag: bool(flag.cpu()))
         for i in range(1, new):
@@ -171,7 +179,7 @@ class Decoder:
                 extra["cache_position"] = cache_pos
             logits = self._forward(token[:, None], seen(bucket + i), pos, cache, extra)
             token = self._record(*self.pick(logits, state), state)
-            self._sync()
+            self.backend.step_boundary()
             state.steps = i + 1
         return state
 
@@ -264,15 +272,11 @@ class Decoder:
     def _read(self, state: DecodeState, prompts: int, new: int) -> tuple[list[list[int]], list[bool]]:
         """Each real row's tokens (cut after the token that ended it) and whether it ended: one transfer."""
         if not self.ends_early:
-            (out,) = to_host([state.out])
+            (out,) = self.backend.host_copies([state.out])
             return out[:prompts, :new].tolist(), [False] * prompts
-        out, lengths, done = to_host([state.out, state.lengths, state.done])
+        out, lengths, done = self.backend.host_copies([state.out, state.lengths, state.done])
         rows = range(prompts)
         return [out[r, : int(lengths[r])].tolist() for r in rows], [bool(done[r]) for r in rows]
-
-    def _sync(self) -> None:
-        if self.xla:
-            runtime.sync()
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -285,13 +289,6 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     remove_sorted[..., -1:] = False  # the most likely token stays, whatever top_p is
     remove = remove_sorted.scatter(-1, sorted_indices, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
-
-
-def to_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """`tensors` copied to the host: one batched transfer for XLA tensors, `.cpu()` elsewhere."""
-    if tensors and runtime.is_xla_tensor(tensors[0]):
-        return runtime.to_cpu(tensors)
-    return [t.cpu() for t in tensors]
 
 
 def static_cache(model: Any, max_cache_len: int) -> Any:
@@ -336,20 +333,14 @@ def inference(model: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def seeded(decoder: Decoder, seed: int) -> Iterator[None]:
-    """Sampling seeded by `seed`: on XLA the device RNG, restored afterwards; elsewhere a generator."""
+    """Sampling seeded by `seed` (`Backend.seeded_rng`): a generator of the decoder's, or the device's
+    own RNG (XLA), seeded and restored afterwards. Greedy decoding draws nothing: nothing is seeded."""
     if decoder.temperature <= 0:
         yield
         return
-    if not decoder.xla:
-        decoder.generator = torch.Generator(device=decoder.dev).manual_seed(seed)
+    with decoder.backend.seeded_rng(seed, decoder.dev) as generator:
+        decoder.generator = generator
         yield
-        return
-    before = runtime.rng_state()
-    runtime.set_rng_state(seed)
-    try:
-        yield
-    finally:
-        runtime.set_rng_state(before)
 
 
 def model_device(model: Any) -> torch.device:
@@ -357,6 +348,11 @@ def model_device(model: Any) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
+
+
+def model_backend(model: Any) -> Backend:
+    """The `Backend` of the device `model`'s weights are on (`backend_of`), for a caller that holds none."""
+    return backend_of(list(itertools.islice(model.parameters(), 1)))
 
 
 def forward_parameters(model: Any) -> set[str]:
@@ -390,5 +386,6 @@ def prewarm_steps(windows: list[int], bucket: int, budget: int) -> int:
 
 
 def row_count(rows: int) -> int:
-    """Rows off XLA: the prompt count rounded up to a power of two (few batch shapes, few filler rows)."""
+    """Rows where shapes compile nothing (eager backends): the prompt count rounded up to a power of two
+    (few batch shapes, few filler rows)."""
     return 1 << (rows - 1).bit_length()

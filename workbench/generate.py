@@ -23,11 +23,12 @@ How every shape stays fixed, so XLA compiles each program once:
 - **Buckets.** A prompt is left-padded to its bucket: the smallest boundary of `buckets` that
   fits it (a `workbench.data.buckets.BucketPlan`, e.g. ``plan_buckets(lengths, 4,
   multiple_of=16)``, or a list of lengths), by default the next power of two of at least 16.
-- **Rows.** Prompts of one bucket run together, `max_batch_size` rows at a time. On an XLA
-  device every batch has exactly `max_batch_size` rows (filler rows repeat a prompt; their
-  output is dropped), so the programs never depend on how many prompts a bucket holds. Off XLA
-  (CUDA, the CPU: eager, nothing is compiled) a batch has its prompt count rounded up to a power
-  of two rows, because fewer rows are faster there. A rollout's rows are the caller's.
+- **Rows.** Prompts of one bucket run together, `max_batch_size` rows at a time. Where each new
+  shape is a compiled program (the `Backend`'s `compiles_every_shape`: an XLA device) every batch
+  has exactly `max_batch_size` rows (filler rows repeat a prompt; their output is dropped), so the
+  programs never depend on how many prompts a bucket holds. On an eager backend (CUDA, the CPU:
+  nothing is compiled) a batch has its prompt count rounded up to a power of two rows, because
+  fewer rows are faster there. A rollout's rows are the caller's.
 - **The cache.** transformers' `StaticCache` of ``bucket + max_new_tokens`` positions (the new
   tokens rounded up to a multiple of 16). Its sliding-window layers (Mistral, Gemma 2/3, any
   config with ``sliding_window`` or sliding ``layer_types``) are `StaticSlidingWindowLayer`s of
@@ -48,8 +49,8 @@ call whose prompts fall in the same buckets, with the same rounded `max_new_toke
 compiles nothing, however many prompts each bucket holds. `prewarm_generation` (or
 ``generate(..., prewarm=True)``) compiles every bucket's programs up front, from dummy prompts.
 
-**Host syncs.** None per token: each step ends with ``runtime.sync()`` (the step is launched,
-nothing is read back). The tokens come back in one transfer per batch at the end. With an
+**Host syncs.** None per token: each step ends with the backend's ``step_boundary()`` (on XLA
+``runtime.sync()``: the step is launched, nothing is read back). The tokens come back in one transfer per batch at the end. With an
 end-of-sequence id or stop strings, whether every row has finished is read every
 `stop_check_every` tokens (one small transfer each; 0: never, run to `max_new_tokens`), so a
 batch may run up to that many steps past its last row's end. Tokens after a row's end are
@@ -66,15 +67,16 @@ from typing import Any
 
 import torch
 
-from workbench.backend.xla import runtime
+from workbench.backend.protocol import Backend
+from workbench.backend.selection import backend_of
 from workbench.decoding import (
     CACHE_MULTIPLE,
     Decoder,
     cache_budget,
     inference,
+    model_backend,
     seeded,
     static_cache,
-    to_host,
 )
 from workbench.generation_controls import prompt_ids, resolve_options
 
@@ -110,7 +112,8 @@ class GenerationResult:
     buckets: list[int]
     """The padded prompt length each prompt ran at."""
     compiles: int
-    """Programs XLA compiled during the call, a prewarm's included (0 off XLA)."""
+    """Programs the backend compiled during the call (`Backend.compile_count`), a prewarm's included (0 on
+    an eager backend, where decoding compiles nothing)."""
     seconds: float
     """Wall time of the call, device work (and a prewarm) included."""
 
@@ -143,6 +146,7 @@ def generate(
     stop_check_every: int = 16,
     skip_special_tokens: bool = True,
     prewarm: bool = False,
+    backend: Backend | None = None,
 ) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens for each prompt, on the model's device.
 
@@ -154,7 +158,8 @@ def generate(
     never stops early. `stop`: strings that end a row at the token completing one (needs the
     `tokenizer`). `repetition_penalty` > 0 (1.0: off) as ``model.generate``'s.
     `prewarm`: first compile every bucket of `buckets` (which must then be given), as
-    `prewarm_generation` does. See the module docstring for the shapes and syncs.
+    `prewarm_generation` does. `backend`: the device's `Backend` (default: `backend_of` the model's
+    weights). See the module docstring for the shapes and syncs.
     """
     controls: dict[str, Any] = dict(
         temperature=temperature,
@@ -168,7 +173,8 @@ def generate(
     options = resolve_options(
         model, tokenizer, max_new_tokens=max_new_tokens, max_batch_size=max_batch_size, **controls
     )
-    compiles_before = runtime.compile_count() if runtime.xla_imported() else 0
+    backend = backend if backend is not None else model_backend(model)
+    compiles_before = backend.compile_count()
     start = time.perf_counter()
     if prewarm:
         prewarm_generation(
@@ -177,10 +183,11 @@ def generate(
             max_new_tokens=max_new_tokens,
             max_batch_size=max_batch_size,
             tokenizer=tokenizer,
+            backend=backend,
             **controls,
         )
     ids = prompt_ids(prompts, tokenizer)
-    decoder = Decoder(model, tokenizer, max_batch_size, stop_check_every, **options)
+    decoder = Decoder(model, tokenizer, max_batch_size, stop_check_every, backend=backend, **options)
     sizes = [_bucket(len(p), buckets) for p in ids]
     budget = cache_budget(max_new_tokens)
     out: list[list[int]] = [[] for _ in ids]
@@ -191,8 +198,7 @@ def generate(
                 tokens, ended = decoder.run([ids[i] for i in rows], bucket, budget, max_new_tokens)
                 for i, row, end in zip(rows, tokens, ended):
                     out[i], finished[i] = row, end
-        if decoder.xla:
-            runtime.wait_device_ops()
+        backend.wait()
     seconds = time.perf_counter() - start
     texts = None
     if tokenizer is not None:
@@ -202,7 +208,7 @@ def generate(
         texts=texts,
         finished=finished,
         buckets=sizes,
-        compiles=(runtime.compile_count() - compiles_before) if decoder.xla else 0,
+        compiles=backend.compile_count() - compiles_before,
         seconds=seconds,
     )
 
@@ -221,9 +227,11 @@ def prewarm_generation(
     pad_token_id: int | None = None,
     stop: str | Sequence[str] | None = None,
     repetition_penalty: float = 1.0,
+    backend: Backend | None = None,
 ) -> int:
-    """Compile, on an XLA device, every program `generate` runs for prompts in `buckets` with these
-    options; returns how many were compiled (0 off XLA, where nothing is compiled).
+    """Compile, where each new shape is a compiled program (`Backend.compiles_every_shape`: XLA),
+    every program `generate` runs for prompts in `buckets` with these options; returns how many were
+    compiled (0 on an eager backend, where nothing is compiled; `backend` as `generate`'s).
 
     `buckets` (a `BucketPlan` or boundary lengths) must be given: the default powers of two never
     end. Each bucket runs one batch of `max_batch_size` dummy rows: the prefill and enough decode
@@ -245,15 +253,13 @@ def prewarm_generation(
         repetition_penalty=repetition_penalty,
     )
     bounds = _bucket_bounds(buckets)
-    decoder = Decoder(model, tokenizer, max_batch_size, 0, **options)
-    if not decoder.xla:
-        return 0
-    before = runtime.compile_count()
-    with inference(model), seeded(decoder, 0):
+    decoder = Decoder(model, tokenizer, max_batch_size, 0, backend=backend, **options)
+
+    def run_buckets() -> None:
         for bucket in bounds:
             decoder.prewarm(bucket, cache_budget(max_new_tokens))
-    runtime.wait_device_ops()
-    return runtime.compile_count() - before
+
+    return _compiled(decoder, run_buckets)
 
 
 # ---- rollouts: device tensors in, device tensors out ---------------------------------------------
@@ -312,6 +318,7 @@ def sample_rollout(
     block: int = 0,
     all_ended: Callable[[torch.Tensor], bool] | None = None,
     trim: bool = False,
+    backend: Backend | None = None,
 ) -> DeviceRollout:
     """Sample one completion per row of `input_ids` [rows, P] (host, left-padded, `attention_mask`
     0 on the padding) on the model's device, and return them as a `DeviceRollout`.
@@ -332,6 +339,7 @@ def sample_rollout(
     `row_sharding` places each input tensor (default: ``.to(device)``); the KV cache and outputs
     follow the inputs' sharding by propagation. `keep_logps`: the sampled tokens' log-probs are
     computed and returned (a full-vocabulary log-softmax each step; without them ``logps`` is None).
+    `backend`: the device's `Backend` (default: `backend_of` the model's weights).
     """
     options = _rollout_options(
         model,
@@ -346,7 +354,7 @@ def sample_rollout(
     )
     if isinstance(block, bool) or not isinstance(block, int) or block < 0:
         raise ValueError(f"block={block!r} is not allowed: an int >= 0 (0: decode every step, read nothing)")
-    decoder = Decoder(model, None, int(input_ids.shape[0]), block, **options)
+    decoder = Decoder(model, None, int(input_ids.shape[0]), block, backend=backend, **options)
     with inference(model), seeded(decoder, seed):
         return _rollout(
             decoder,
@@ -374,10 +382,12 @@ def prewarm_rollout(
     pad_token_id: int,
     row_sharding: RowSharding | None = None,
     keep_logps: bool = True,
+    backend: Backend | None = None,
 ) -> int:
-    """Compile, on an XLA device, every program `sample_rollout` runs for `rows` prompts padded to
-    each of `buckets` with these options (`keep_logps` as it is given); returns how many were compiled (0 off XLA). Each bucket
-    decodes only the steps that reach its programs (`prewarm_generation`)."""
+    """Compile, where each new shape is a compiled program (XLA), every program `sample_rollout` runs
+    for `rows` prompts padded to each of `buckets` with these options (`keep_logps` as it is given);
+    returns how many were compiled (0 on an eager backend). Each bucket decodes only the steps that
+    reach its programs (`prewarm_generation`)."""
     bounds = _bucket_bounds(buckets)
     probe = torch.full((rows, bounds[0]), pad_token_id, dtype=torch.long)
     options = _rollout_options(
@@ -391,24 +401,26 @@ def prewarm_rollout(
         eos_token_id,
         pad_token_id,
     )
-    decoder = Decoder(model, None, rows, 0, **options)
-    if not decoder.xla:
-        return 0
-    before = runtime.compile_count()
+    decoder = Decoder(model, None, rows, 0, backend=backend, **options)
     budget = cache_budget(max_new_tokens)
-    with inference(model), seeded(decoder, 0):
+
+    def run_buckets() -> None:
         for bucket in bounds:
             ids = torch.full((rows, bucket), pad_token_id, dtype=torch.long)
             steps = min(max_new_tokens, decoder.prewarm_steps(bucket, budget) + 1)
             _rollout(decoder, ids, torch.ones_like(ids), max_new_tokens, steps, row_sharding, keep_logps)
-    runtime.wait_device_ops()
-    return runtime.compile_count() - before
+
+    return _compiled(decoder, run_buckets)
 
 
-def read_rollout(rollout: DeviceRollout) -> tuple[list[list[int]], list[bool]]:
+def read_rollout(
+    rollout: DeviceRollout, *, backend: Backend | None = None
+) -> tuple[list[list[int]], list[bool]]:
     """(each row's completion tokens up to and including its ending token, whether it ended on an
-    end-of-sequence token), read from the device in one transfer."""
-    ids, lengths, finished = to_host([rollout.completion_ids, rollout.lengths, rollout.finished])
+    end-of-sequence token), read from the device in one transfer (`Backend.host_copies`; `backend`:
+    the device's, default `backend_of` the completions)."""
+    backend = backend if backend is not None else backend_of([rollout.completion_ids])
+    ids, lengths, finished = backend.host_copies([rollout.completion_ids, rollout.lengths, rollout.finished])
     return [row[:n] for row, n in zip(ids.tolist(), lengths.tolist())], [bool(f) for f in finished.tolist()]
 
 
@@ -505,12 +517,24 @@ def _rollout(
         decode_steps=state.steps,
         flag_reads=state.reads,
     )
-    if decoder.xla:
-        runtime.sync()  # the layout as its own small program, so the caller's next graph starts clean
+    decoder.backend.step_boundary()  # the layout as its own small program (XLA): the next graph starts clean
     return rollout
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+
+def _compiled(decoder: Decoder, run: Callable[[], Any]) -> int:
+    """A prewarm: `run` (greedy or seeded 0, without gradients) where each new shape is a compiled
+    program, and how many it compiled; nothing run and 0 on an eager backend (nothing to compile)."""
+    backend = decoder.backend
+    if not backend.compiles_every_shape:
+        return 0
+    before = backend.compile_count()
+    with inference(decoder.model), seeded(decoder, 0):
+        run()
+    backend.wait()
+    return backend.compile_count() - before
 
 
 def _bucket(length: int, buckets: Any) -> int:

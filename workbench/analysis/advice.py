@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.analysis.communication import CommunicationReport, communication_advice
 from workbench.backend.hardware import CHIPS
+from workbench.backend.selection import backend_for
 from workbench.backend.targets import resolve_target
 from workbench.units import format_bytes
 
 if TYPE_CHECKING:
     from workbench.backend.hardware import HardwareInfo
+    from workbench.backend.protocol import Backend
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,15 @@ def run_communication(model_config: Any, cfg: Any, mesh: Any) -> Callable[[], Co
     return predict
 
 
-def communication_finding(report: CommunicationReport, hw: HardwareInfo | None) -> list[Advice]:
+def communication_finding(
+    report: CommunicationReport, hw: HardwareInfo | None, backend: Backend | None = None
+) -> list[Advice]:
     """One 'communication' `Advice` for `report` on `hw`: bytes each device sends per step and axis,
     `communication_advice`'s sentences, and time and share where the chip's bandwidth is published.
-    On XLA:CPU the gradients' reduce-scatters are spelled as that compiler runs them (an all-reduce
-    of the whole tensor, then a slice), so the advice names what a reduce-scatter saves."""
+    Where the run's compiler runs a reduce-scatter as an all-reduce of the whole tensor, then a slice
+    (`Backend.reduce_scatter_as_all_reduce`: XLA:CPU), the gradients' reduce-scatters are spelled that
+    way, so the advice names what a reduce-scatter saves. `backend`: the run's (default:
+    `backend_for(hw)`; none without `hw`)."""
     sizes = {a: s for a, s in report.axis_sizes.items() if s > 1}
     if math.prod(sizes.values() or [1]) <= 1:
         return []
@@ -84,8 +90,10 @@ def communication_finding(report: CommunicationReport, hw: HardwareInfo | None) 
     if not report.collectives:
         note = "; ".join(report.notes) or "no collectives"
         return [Advice("communication", f"communication on mesh {mesh}: {note}", {"mesh": sizes})]
-    xla_cpu = hw is not None and hw.via_xla and hw.backend == "cpu"
-    if xla_cpu and report.source == "model":
+    if backend is None and hw is not None:
+        backend = backend_for(hw)
+    as_all_reduce = backend is not None and backend.reduce_scatter_as_all_reduce
+    if as_all_reduce and report.source == "model":
         report = _as_xla_cpu_compiles(report)
     target = _priced_target(hw, report.num_slices)
     per_axis = report.per_axis()
@@ -96,7 +104,7 @@ def communication_finding(report: CommunicationReport, hw: HardwareInfo | None) 
         )
         parts.append(f"{t.axes} {format_bytes(t.tpu_wire_bytes)} ({kinds})")
     how = "predicted from shapes" if report.source == "model" else "read from the compiled step"
-    how += ", as TPU's XLA compiles it" if xla_cpu else ""
+    how += ", as TPU's XLA compiles it" if as_all_reduce else ""
     sentences = [f"each device sends per step on mesh {mesh} ({how}): {'; '.join(parts)}"]
     sentences += communication_advice(report, target)
     evidence: dict[str, Any] = {

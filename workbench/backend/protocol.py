@@ -45,6 +45,9 @@ class Backend(ABC):
     shape, and a failed step is not retried (its input buffers may have been donated)."""
     gspmd: bool = False
     """One program spread over a mesh of devices by the compiler (``mesh.*`` places tensors)."""
+    reduce_scatter_as_all_reduce: bool = False
+    """The compiler runs a reduce-scatter as an all-reduce of the whole tensor, then a slice (XLA on the
+    CPU), so what a step sends is told as it runs there (`workbench.analysis.advice`)."""
 
     def __init__(self, hw: HardwareInfo) -> None:
         self.hw = hw
@@ -116,6 +119,11 @@ class Backend(ABC):
         """Device->host transfers in this process so far (0 where the backend does not count them)."""
         return 0
 
+    def host_copies(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """`tensors` (this device's) copied to the host: one batched transfer where the device batches
+        them (torch_xla), else each copied as it is."""
+        return [t.cpu() for t in tensors]
+
     # ---- state ----
     def rng_state(self) -> dict[str, Any]:
         """The device's RNG state beyond torch's CPU and CUDA generators (saved in checkpoints)."""
@@ -124,6 +132,13 @@ class Backend(ABC):
     def set_rng_state(self, state: dict[str, Any]) -> None:
         """Restore what `rng_state` returned (keys another backend wrote are ignored)."""
         return None  # nothing to do here by default
+
+    @contextlib.contextmanager
+    def seeded_rng(self, seed: int, device: torch.device) -> Iterator[torch.Generator | None]:
+        """Random draws on `device` seeded by `seed` while inside (sampling's): yields the generator to
+        draw from, a fresh one on `device`; or None where draws take the device's own RNG, which is
+        seeded here and restored on leaving (torch_xla, whose tensors take no generator)."""
+        yield torch.Generator(device=device).manual_seed(seed)
 
     def memory_in_use(self) -> dict[str, int] | None:
         """Device memory in use and its limit (``bytes_used``, ``bytes_limit``), or None where unknown."""
@@ -144,6 +159,17 @@ class Backend(ABC):
         in the form this backend's checkpoint save planner writes; a tensor of a backend without a mesh
         is its own one shard, a host copy."""
         return host_copies(tensors)
+
+    # ---- profiling ----
+    def profiler_activities(self) -> list[Any]:
+        """What `torch.profiler` records of this device's work: the host's ops (and CUDA's kernels)."""
+        return [torch.profiler.ProfilerActivity.CPU]
+
+    def capture_trace(self, step_fn: Any, steps: int, logdir: Any, *, step_s: float, port: int) -> bool:
+        """Run `step_fn` `steps` times under the device's own profiler, its trace written into `logdir`,
+        where `torch.profiler` does not see the device's work (torch_xla on a TPU: its profiler server,
+        a capture lasting about `steps` x `step_s` seconds); False, having run nothing, where it does."""
+        return False
 
     def attention_kernels(self) -> tuple[str, ...]:
         """The ``model.attention`` kernels this backend runs."""

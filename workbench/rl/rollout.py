@@ -156,6 +156,7 @@ class Rollouts:
                 block=1 if self.eager else ROLLOUT_BLOCK,
                 all_ended=self.all_ended,
                 trim=self.eager,
+                backend=self.backend,
             )
 
         with torch.no_grad():  # no data-parallel wrapper prepares a backward for it

@@ -57,6 +57,10 @@ class NativeTorch(Backend):
     def compile_reader(self) -> dynamo_compiles.DynamoCompileReader:
         return dynamo_compiles.reader()
 
+    def profiler_activities(self) -> list[Any]:
+        cuda = [torch.profiler.ProfilerActivity.CUDA] if self.hw.backend == "cuda" else []
+        return [*super().profiler_activities(), *cuda]
+
     def memory_in_use(self) -> dict[str, int] | None:
         if self.hw.backend != "cuda":  # the CPU's and TorchTPU's memory are not counted here
             return None

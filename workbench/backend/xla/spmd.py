@@ -8,6 +8,7 @@ torch_xla itself offers is reached through `runtime`, the room's one importer of
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 from workbench.backend.hardware import HardwareError, HardwareInfo
 from workbench.backend.native import process_group
 from workbench.backend.protocol import Backend, Batch
-from workbench.backend.xla import compile_log, runtime
+from workbench.backend.xla import compile_log, device_trace, runtime
 
 
 class XlaSpmd(Backend):
@@ -28,6 +29,10 @@ class XlaSpmd(Backend):
     gspmd = True
     _program_peak: tuple[tuple[str, int] | None, int | None] = (None, None)
     """(the compile log's path and size when last read, the peak it held then): read again only once it grew."""
+
+    @property
+    def reduce_scatter_as_all_reduce(self) -> bool:  # type: ignore[override]
+        return self.hw.backend == "cpu"  # XLA:CPU has no reduce-scatter
 
     def device(self) -> torch.device:
         return runtime.device()
@@ -91,6 +96,9 @@ class XlaSpmd(Backend):
     def transfer_count(self) -> int:
         return runtime.transfer_count()
 
+    def host_copies(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return runtime.to_cpu(tensors)
+
     def rng_state(self) -> dict[str, Any]:
         return {"xla": runtime.rng_state()}
 
@@ -98,11 +106,26 @@ class XlaSpmd(Backend):
         if "xla" in state:
             runtime.set_rng_state(int(state["xla"]))
 
+    @contextlib.contextmanager
+    def seeded_rng(self, seed: int, device: torch.device) -> Iterator[None]:
+        before = runtime.rng_state()
+        runtime.set_rng_state(seed)
+        try:
+            yield None
+        finally:
+            runtime.set_rng_state(before)
+
     def memory_in_use(self) -> dict[str, int] | None:
         return runtime.memory_info()
 
     def checkpoint_planners(self) -> tuple[Any, Any] | None:
         return runtime.spmd_save_planner(), runtime.spmd_load_planner()
+
+    def capture_trace(self, step_fn: Any, steps: int, logdir: Any, *, step_s: float, port: int) -> bool:
+        if self.hw.backend != "tpu":  # XLA:CPU's and XLA:GPU's steps: torch.profiler's trace
+            return False
+        device_trace.capture(step_fn, steps, logdir, step_s, port)  # pragma: no cover - TPU only
+        return True  # pragma: no cover
 
     def attention_kernels(self) -> tuple[str, ...]:
         kernels = ("eager", "sdpa", "chunked")
