@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from workbench import WorkbenchConfig
-from workbench.analysis.estimate import OPTIMIZERS, model_shape, optimizer_state_elements
+from workbench.analysis.estimate import model_shape, optimizer_state_elements
+from workbench.analysis.state_bytes import OPTIMIZERS
 from workbench.models.build import build_model
 from workbench.train.optim import build_optimizer, init_optimizer_state
 

@@ -319,6 +319,7 @@ def sample_rollout(
     all_ended: Callable[[torch.Tensor], bool] | None = None,
     trim: bool = False,
     backend: Backend | None = None,
+    prewarm: bool = False,
 ) -> DeviceRollout:
     """Sample one completion per row of `input_ids` [rows, P] (host, left-padded, `attention_mask`
     0 on the padding) on the model's device, and return them as a `DeviceRollout`.
@@ -339,7 +340,10 @@ def sample_rollout(
     `row_sharding` places each input tensor (default: ``.to(device)``); the KV cache and outputs
     follow the inputs' sharding by propagation. `keep_logps`: the sampled tokens' log-probs are
     computed and returned (a full-vocabulary log-softmax each step; without them ``logps`` is None).
-    `backend`: the device's `Backend` (default: `backend_of` the model's weights).
+    `backend`: the device's `Backend` (default: `backend_of` the model's weights). `prewarm`: decode only
+    the steps that reach every decode program a rollout of this prompt length can run
+    (`Decoder.prewarm_steps`: two, or through a sliding window's edges), laid out as a whole rollout:
+    a warm-up compiles every program without decoding the whole budget.
     """
     options = _rollout_options(
         model,
@@ -355,13 +359,15 @@ def sample_rollout(
     if isinstance(block, bool) or not isinstance(block, int) or block < 0:
         raise ValueError(f"block={block!r} is not allowed: an int >= 0 (0: decode every step, read nothing)")
     decoder = Decoder(model, None, int(input_ids.shape[0]), block, backend=backend, **options)
+    reach = decoder.prewarm_steps(int(input_ids.shape[1]), cache_budget(max_new_tokens)) + 1
+    steps = min(max_new_tokens, reach) if prewarm else max_new_tokens
     with inference(model), seeded(decoder, seed):
         return _rollout(
             decoder,
             input_ids,
             attention_mask,
             max_new_tokens,
-            max_new_tokens,
+            steps,
             row_sharding,
             keep_logps,
             all_ended=all_ended,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.analysis.estimate import OPTIMIZERS
+from workbench.analysis.state_bytes import OPTIMIZERS
 
 # ---- the compiler's figure ---------------------------------------------------------------
 

@@ -126,10 +126,17 @@ class Rollouts:
         self.eos_token_ids = eos_ids(model, tokenizer, "auto") or None
 
     def sample(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, seed: int, *, greedy: bool
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        seed: int,
+        *,
+        greedy: bool,
+        prewarm: bool = False,
     ) -> Any:
         """`sample_rollout` on the live model for host rows (a `DeviceRollout`: nothing read back but
-        the blocks' flags), through the data-parallel wrapper where there is one."""
+        the blocks' flags), through the data-parallel wrapper where there is one; `prewarm`: only the
+        decode steps that reach every program (warm-up)."""
         from workbench.generate import sample_rollout
 
         grpo = self.grpo
@@ -157,6 +164,7 @@ class Rollouts:
                 all_ended=self.all_ended,
                 trim=self.eager,
                 backend=self.backend,
+                prewarm=prewarm,
             )
 
         with torch.no_grad():  # no data-parallel wrapper prepares a backward for it
@@ -197,12 +205,13 @@ class Rollouts:
         return self.rewards.score(prompts, texts, columns)
 
     def run(
-        self, hosts: list[dict[str, torch.Tensor]], seed: int, *, score: bool = True
+        self, hosts: list[dict[str, torch.Tensor]], seed: int, *, score: bool = True, prewarm: bool = False
     ) -> tuple[list[dict], RolloutFigures, list[int]]:
         """The prompt batches of a generation's micro-steps (`PromptCollator`'s, host, global) → one
         training batch per micro-step (device tensors), the rollout's figures and each micro-step's
-        completion tokens over every rank. `score=False` (warm-up): the same programs and transfers,
-        zero advantages, no reward function called."""
+        completion tokens over every rank. `score=False` (warm-up): the same programs, zero advantages,
+        no reward function called; `prewarm` (warm-up too): only the decode steps that reach every
+        program (`workbench.generate.sample_rollout`)."""
         from workbench.rl.advantages import group_advantages
 
         start = time.perf_counter()
@@ -210,7 +219,7 @@ class Rollouts:
         prompts = joined_prompts([self.replicas.take_rows(h) for h in hosts], self.pad_token_id)
         input_ids = prompts["input_ids"].repeat_interleave(generations, dim=0)
         attention_mask = prompts["attention_mask"].repeat_interleave(generations, dim=0)
-        rollout = self.sample(input_ids, attention_mask, seed, greedy=False)
+        rollout = self.sample(input_ids, attention_mask, seed, greedy=False, prewarm=prewarm)
         token_ids, finished = self.completions(rollout)
         lengths = np.asarray([len(ids) for ids in token_ids], dtype=np.int64)
         # every rank's rows, rank by rank: the global generation's lengths and which ended before the budget

@@ -304,12 +304,14 @@ class GRPORun(ObjectiveRun):
 
         def train_step(shape: tuple[int, int]) -> Any:
             prompts, length = shape
-            batches, _, _ = data.rollouts.run([dummy_prompts(prompts, length, vocab)] * parts, 0, score=False)
+            hosts = [dummy_prompts(prompts, length, vocab)] * parts
+            batches, _, _ = data.rollouts.run(hosts, 0, score=False, prewarm=True)  # every program, few steps
             return engine.train_step([batches[i % parts] for i in range(grad_accum)])
 
         def eval_step(shape: tuple[int, int]) -> Any:
             host = dummy_prompts(*shape, vocab)
-            rollout = data.eval_rollouts.sample(host["input_ids"], host["attention_mask"], 0, greedy=True)
+            ids, mask = host["input_ids"], host["attention_mask"]
+            rollout = data.eval_rollouts.sample(ids, mask, 0, greedy=True, prewarm=True)
             return data.eval_rollouts.completions(rollout)
 
         return WarmupWork(
