@@ -66,12 +66,13 @@ def mesh_axes(cfg: WorkbenchConfig) -> tuple[int, int, int]:
 def estimate_settings(cfg: WorkbenchConfig, target: Target) -> dict[str, Any]:
     """`estimate`'s (and `max_batch_size`'s) keyword arguments for `cfg` on `target`, beside the
     model, batch, sequence length and memory."""
+    settings = config_settings(cfg)
+    # a GRPO row is the prompt and its completion
+    longest = settings["objective"].positions(cfg.data.max_length)
     return dict(
-        config_settings(cfg),
+        settings,
         mesh=dict(zip(("data", "fsdp", "model"), mesh_axes(cfg))),
-        attention=estimate_attention(
-            cfg.model.attention, target, seq_len=cfg.data.max_length, model_config=cfg.model
-        ),
+        attention=estimate_attention(cfg.model.attention, target, seq_len=longest, model_config=cfg.model),
     )
 
 

@@ -100,9 +100,10 @@ def plan_chip(cfg: WorkbenchConfig, target: Any) -> ChipPlan:
 
     mesh = MeshSpec.from_config(cfg.mesh).resolve(target.num_devices) if cfg.mesh.enabled else None
     devices = math.prod((mesh.data, mesh.fsdp, mesh.model)) if mesh is not None else 1
-    longest = cfg.data.max_length + (cfg.grpo.max_completion_length if cfg.train.objective == "grpo" else 0)
-    settings = dict(
-        config_settings(cfg),
+    settings = config_settings(cfg)
+    # a GRPO row is the prompt and its completion
+    longest = settings["objective"].positions(cfg.data.max_length)
+    settings.update(
         mesh=mesh,
         attention=estimate_attention(cfg.model.attention, target, seq_len=longest, model_config=cfg.model),
     )
