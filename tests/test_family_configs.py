@@ -1,14 +1,14 @@
 """configs/ for the checkpoints people start from: Qwen2.5-0.5B, Llama-3.2-1B and Gemma-2-2B with LoRA,
-SmolLM2-135M fully fine-tuned. Each file needs only ``model.pretrained_path``.
+SmolLM2-135M fully fine-tuned. Each file names its checkpoint by Hub id and runs as written.
 
 Checked here, for every file, on a checkpoint of the family's exact published shape made here
 (`bench/real_shapes.py`; a config.json and a model on the meta device, no weights, where the test
-only needs the shape): it loads with the path filled in; the shape is the published one; the
+only needs the shape): it loads with the path pointed there; the shape is the published one; the
 memory estimate fits a v5e-1 as written and a v5e-8 with the override its header documents (both
 read from the file's own comments, so the file and this test cannot drift apart), with the
 estimator's 10% headroom and the GiB figures the header quotes; gradient checkpointing, which each
-file turns on, is needed to fit. Left unfilled, the path stops the CLI with an error naming
-``model.pretrained_path``. The SmolLM2-135M config trains two steps on the plain CPU through
+file turns on, is needed to fit. As written, offline with the Hub id not in the cache, the CLI stops
+with one line naming the id and the fix. The SmolLM2-135M config trains two steps on the plain CPU through
 ``python -m workbench train`` on a whole random-weight checkpoint of its shape (the others' checkpoints,
 0.5B to 2.6B parameters, would take minutes here). And why the Gemma 2 file trains on text by default:
 its chat template refuses the system turns of the shipped chat records.
@@ -34,6 +34,7 @@ from workbench.analysis.shape import model_shape
 from workbench.backend.targets import TARGETS
 from workbench.config import WorkbenchConfig, load_config
 from workbench.families import FAMILIES
+from workbench.hub.ids import parse_hub_id
 from workbench.parallel.mesh import MeshSpec
 
 # file -> (its shape in bench/real_shapes.py, transformers model_type, published parameter count)
@@ -55,7 +56,7 @@ def _path(name: str) -> Path:
 
 
 def _commands(name: str) -> dict[str, list[str]]:
-    """The header's commands by target: the one without a mesh is the v5e-1 run, the other the v5e-8's."""
+    """The header's overrides by target: the command without a mesh is the v5e-1 run, the other the v5e-8's."""
     found = COMMAND.findall(_path(name).read_text())
     assert len(found) == 2, f"{name}: expected a v5e-1 and a v5e-8 command in the header, found {found}"
     by_target = {}
@@ -69,11 +70,11 @@ def _commands(name: str) -> dict[str, list[str]]:
 
 
 def _overrides(name: str, target: str, checkpoint: Path) -> list[str]:
-    """The documented command's overrides for `target`, its checkpoint path replaced by `checkpoint`."""
+    """The documented command's overrides for `target`, the file's Hub id pointed at `checkpoint`."""
     words = _commands(name)[target]
-    assert words[0].startswith("model.pretrained_path="), f"{name}: the command must fill the path first"
+    assert not any(w.startswith("model.pretrained_path=") for w in words), f"{name}: the file names it"
     assert all(re.fullmatch(r"[a-z_]+\.[a-z_]+=\S+", w) for w in words), words
-    return [f"model.pretrained_path={checkpoint}", *words[1:]]
+    return [f"model.pretrained_path={checkpoint}", *words]
 
 
 @pytest.fixture(scope="module")
@@ -112,15 +113,18 @@ def _estimate(cfg: WorkbenchConfig, target: str, **changes) -> MemoryEstimate:
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_the_config_loads_with_only_the_checkpoint_path_filled_in(name, shapes):
+def test_the_config_runs_as_written_from_its_hub_id(name, shapes):
     shape, _, _ = FAMILY_CONFIGS[name]
     cfg = _load(name, "v5e-1", shapes)
     assert cfg.model.pretrained_path == str(shapes[shape])
     assert cfg.data.tokenizer_path is None  # the checkpoint's own tokenizer, nothing to fill in
-    assert len(_commands(name)["v5e-1"]) == 1, "on a v5e-1 the file runs as written, the path filled in"
-    # as written the path is a placeholder that names the checkpoint and does not exist
+    assert _commands(name)["v5e-1"] == [], "on a v5e-1 the file runs as written"
+    # as written the checkpoint is the family's published Hub id, read through the Hub's cache
     written = load_config(_path(name)).model.pretrained_path
-    assert written is not None and not Path(written).exists()
+    ref = parse_hub_id(written)
+    assert ref is not None and ref.revision is None, written
+    assert ref.repo_id.split("/")[1].lower().startswith(shape), f"{name} names {written}, not {shape}"
+    assert ref.repo_id.endswith(("-Instruct", "-it")), f"{name}: the chat-tuned checkpoint its chats need"
     full = name.endswith("-full.yaml")
     assert (cfg.lora.rank == 0) == full and cfg.train.precision == ("bf16-mixed" if full else "bf16")
     assert cfg.train.learning_rate == (2e-5 if full else 2e-4)
@@ -173,15 +177,26 @@ def test_gradient_checkpointing_is_what_makes_it_fit(name, shapes):
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_a_run_without_the_checkpoint_path_says_to_set_it(name, tmp_path, capsys, monkeypatch):
+def test_offline_without_the_checkpoint_cached_a_run_as_written_names_the_id_and_the_fix(
+    name, tmp_path, capsys, monkeypatch
+):
+    from huggingface_hub import constants
+
     from workbench.__main__ import main
+    from workbench.hub import resolve
 
     monkeypatch.chdir(tmp_path)  # nothing the attempt might write lands in the repository
-    # the plain CPU keeps the attempt cheap (no XLA runtime); nothing else is overridden
-    assert main(["train", "--config", str(_path(name)), "train.device_type=cpu"]) == 2
-    err = capsys.readouterr().err
-    placeholder = load_config(_path(name)).model.pretrained_path
-    assert "model.pretrained_path" in err and placeholder in err, err
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # never the network, whatever this machine has
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    resolve.forget_resolved()
+    try:
+        # the plain CPU keeps the attempt cheap (no XLA runtime); nothing else is overridden
+        assert main(["train", "--config", str(_path(name)), "train.device_type=cpu"]) == 2
+    finally:
+        resolve.forget_resolved()
+    err = capsys.readouterr().err.strip().splitlines()
+    hub_id = load_config(_path(name)).model.pretrained_path
+    assert len(err) == 1 and hub_id in err[0] and "HF_HUB_OFFLINE" in err[0], err
 
 
 def test_the_smollm2_config_trains_on_the_cpu(tmp_path):

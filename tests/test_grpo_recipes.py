@@ -1,7 +1,7 @@
 """configs/grpo-*.yaml, GRPO recipes for the hardware users have, and ``python -m workbench plan``.
 
 Each recipe is checked on its model's exact published shape (a config.json of `bench/real_shapes.py`,
-no weights): it loads with only ``model.pretrained_path`` filled in; its estimate through the Python
+no weights): it names that checkpoint's Hub id and loads with the path pointed at the shape; its estimate through the Python
 API (`estimate` with `config_settings(cfg)`) fits the chip its header names with the estimator's
 headroom, and the GiB figure the header quotes is the estimate's; `plan` on the command line says the
 same and exits 0. The issue's shapes: Qwen2.5-0.5B at 2 prompts x 8 x 1024 completion tokens within
@@ -24,6 +24,7 @@ from tests.conftest import REPO
 from workbench.analysis.estimate import config_settings, estimate, estimate_attention
 from workbench.backend.targets import TARGETS
 from workbench.config import WorkbenchConfig, load_config
+from workbench.hub.ids import parse_hub_id
 from workbench.parallel.mesh import MeshSpec
 from workbench.units import GiB
 
@@ -70,9 +71,9 @@ def test_the_recipe_fits_its_chip_by_the_estimate_and_by_plan(name, shapes, caps
     shape, chip, bound = RECIPES[name]
     path = REPO / "configs" / name
     text = path.read_text()
-    placeholder = load_config(path).model.pretrained_path
-    assert placeholder is not None and not Path(placeholder).exists()  # only the path to fill in
-    fill = f"model.pretrained_path={shapes[shape]}"
+    hub_id = parse_hub_id(load_config(path).model.pretrained_path)  # as written: the published checkpoint
+    assert hub_id is not None and hub_id.repo_id.split("/")[1].lower().startswith(shape), hub_id
+    fill = f"model.pretrained_path={shapes[shape]}"  # the same shape, made here
     cfg = load_config(path, [fill])
     assert cfg.train.objective == "grpo" and cfg.lora.rank == 16 and cfg.train.gradient_checkpointing
     assert cfg.grpo.num_generations == 8

@@ -462,6 +462,27 @@ def test_the_doctor_sizes_a_cached_hub_model_and_only_warns_for_one_not_download
     )
 
 
+def test_plan_on_a_hub_id_asks_for_its_json_files_never_its_weights(offline_hub, monkeypatch, capsys):
+    """An 8B model's plan on Colab must not download 16 GB: the shape comes from config.json alone."""
+    import huggingface_hub
+
+    asked: list[list[str]] = []
+    real = huggingface_hub.snapshot_download
+
+    def recording(*args: Any, **kwargs: Any) -> str:
+        asked.append(list(kwargs.get("allow_patterns") or []))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", recording)
+    assert main(["plan", "model.pretrained_path=org/tiny", "--chip", "v5e-1"]) == 0
+    assert "fits" in capsys.readouterr().out
+    assert asked and all(patterns == list(hub_resolve.CONFIG_PATTERNS) for patterns in asked), asked
+    hub_resolve.forget_resolved()
+    asked.clear()
+    hub_resolve.local_dir("org/tiny")  # what a run loads asks for the weights too
+    assert asked == [list(hub_resolve.MODEL_PATTERNS)]
+
+
 def test_push_to_hub_from_python_writes_the_card_and_uploads(online_hub, hub_cache, tmp_path):
     from workbench.publish import push_to_hub
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from workbench.hub.ids import hub_ref_of_snapshot
-from workbench.hub.resolve import local_dir
+from workbench.hub.resolve import Use, local_dir
 
 ModelKind = Literal["transformers", "adapter", "checkpoint"]
 
@@ -105,6 +105,7 @@ def resolve_model_dir(
     base: str | Path | None = None,
     field: str = "model directory",
     notice: Callable[[str], None] | None = None,
+    use: Use = "model",
 ) -> ModelDir:
     """Which kind of model directory `path` is, with its chain of bases; `ModelDirError` when it is none.
 
@@ -112,10 +113,12 @@ def resolve_model_dir(
     (``--model``, ``model.pretrained_path``) in the errors. A checkpoint root gives its newest step
     that verifies against its manifest; `notice` hears each newer one skipped as damaged (default: a
     RuntimeWarning, the workbench's notice). Nothing is moved: this only reads. A Hub id is its repo's
-    snapshot, fetched where the local cache lacks it (`workbench.hub.HubError` when it cannot be).
+    snapshot, fetched where the local cache lacks it (`workbench.hub.HubError` when it cannot be): its
+    weights too, or with ``use="config"`` its JSON files alone (each kind and base told apart, the
+    shape read, nothing loadable).
     """
-    base_dir = local_dir(base, field="--base") if base is not None else None
-    return _resolve(local_dir(path, field=field), base_dir, field, seen=(), notice=notice)
+    base_dir = local_dir(base, field="--base", use=use) if base is not None else None
+    return _resolve(local_dir(path, field=field, use=use), base_dir, field, seen=(), notice=notice, use=use)
 
 
 def _resolve(
@@ -124,6 +127,7 @@ def _resolve(
     field: str,
     seen: tuple[Path, ...],
     notice: Callable[[str], None] | None = None,
+    use: Use = "model",
 ) -> ModelDir:
     if not path.is_dir():
         what = "is a file, not a directory" if path.exists() else "does not exist"
@@ -135,15 +139,14 @@ def _resolve(
         return ModelDir("transformers", path)
     if (path / ADAPTER_CONFIG).is_file():
         adapter = _read_json(path / ADAPTER_CONFIG)
-        base_path = Path(base).expanduser() if base is not None else _recorded_base(path, adapter, field)
-        return ModelDir(
-            "adapter", path, _resolve(base_path, None, "the adapter's base", seen, notice), adapter=adapter
-        )
+        base_path = Path(base).expanduser() if base is not None else _recorded_base(path, adapter, field, use)
+        base_dir = _resolve(base_path, None, "the adapter's base", seen, notice, use)
+        return ModelDir("adapter", path, base_dir, adapter=adapter)
     if all((path / name).is_file() for name in CHECKPOINT_FILES):
-        return _checkpoint(path, field, seen, notice)
+        return _checkpoint(path, field, seen, notice, use)
     steps = _complete_steps(path)
     if steps:
-        return _checkpoint(newest_verifying(path, steps, field, notice), field, seen, notice)
+        return _checkpoint(newest_verifying(path, steps, field, notice), field, seen, notice, use)
     partial = [p.name for p in path.glob("step-*") if p.is_dir()]
     hint = f"; its {', '.join(sorted(partial)[:3])} are incomplete (no manifest.json)" if partial else ""
     found = sorted(p.name for p in path.iterdir())[:8]
@@ -158,7 +161,7 @@ _KINDS = (
 )
 
 
-def _recorded_base(path: Path, adapter: dict[str, Any], field: str) -> Path:
+def _recorded_base(path: Path, adapter: dict[str, Any], field: str, use: Use = "model") -> Path:
     """The adapter's base directory from its own files: the workbench's record first, then peft's."""
     recorded = path / BASE_MODEL_FILE
     names = []
@@ -166,7 +169,9 @@ def _recorded_base(path: Path, adapter: dict[str, Any], field: str) -> Path:
         names.append(str(_read_json(recorded).get("name_or_path") or ""))
     names.append(str(adapter.get("base_model_name_or_path") or ""))
     for name in filter(None, names):
-        candidate = local_dir(name, field=f"the base {str(path)!r} records")  # a Hub id: its snapshot
+        candidate = local_dir(
+            name, field=f"the base {str(path)!r} records", use=use
+        )  # a Hub id: its snapshot
         if candidate.is_dir():
             return candidate
     named = next(filter(None, names), None)
@@ -184,7 +189,11 @@ def _recorded_base(path: Path, adapter: dict[str, Any], field: str) -> Path:
 
 
 def _checkpoint(
-    path: Path, field: str, seen: tuple[Path, ...], notice: Callable[[str], None] | None = None
+    path: Path,
+    field: str,
+    seen: tuple[Path, ...],
+    notice: Callable[[str], None] | None = None,
+    use: Use = "model",
 ) -> ModelDir:
     config = checkpoint_config(path)
     if config is None:
@@ -194,7 +203,11 @@ def _checkpoint(
         )
     pretrained = (config.get("model") or {}).get("pretrained_path")
     field = "its run's model.pretrained_path"
-    base = _resolve(local_dir(pretrained, field=field), None, field, seen, notice) if pretrained else None
+    base = (
+        _resolve(local_dir(pretrained, field=field, use=use), None, field, seen, notice, use)
+        if pretrained
+        else None
+    )
     return ModelDir("checkpoint", path, base, run_config=config)
 
 

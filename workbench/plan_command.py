@@ -289,7 +289,8 @@ def shape_config(cfg: WorkbenchConfig) -> WorkbenchConfig:
     path = cfg.model.pretrained_path
     if path is None:
         return cfg
-    root = resolve_model_dir(path, field="model.pretrained_path").transformers_root
+    # a Hub id's JSON files alone: the plan reads shapes, never weights
+    root = resolve_model_dir(path, field="model.pretrained_path", use="config").transformers_root
     if root is None or Path(root) == Path(path):
         return cfg
     return cfg.with_overrides({"model.pretrained_path": str(root)})

@@ -1,8 +1,10 @@
 """Hub ids to local directories: ``huggingface_hub.snapshot_download`` with the files a use needs.
 
-`local_dir(value, kind=..., field=...)` is a local path as it is, or the snapshot of the Hub repo a
+`local_dir(value, use=..., field=...)` is a local path as it is, or the snapshot of the Hub repo a
 Hub id names (`workbench.hub.ids`): a model's weights, config and tokenizer files (an adapter repo's
-adapter files), a tokenizer's files alone, or a dataset repo's files matching the patterns asked for.
+adapter files), a tokenizer's files alone, a repo's JSON files alone (``use="config"``: its shape and
+an adapter's base, what the memory estimate and ``plan`` read, never the weights), or a dataset repo's
+files matching the patterns asked for.
 The local cache (``HF_HUB_CACHE``) and ``HF_HUB_OFFLINE`` are ``huggingface_hub``'s own; a repo
 resolved once in a process is not asked for again.
 
@@ -20,7 +22,7 @@ from typing import Literal
 from workbench.hub.auth import WHERE_TOKENS_COME_FROM, hub_token
 from workbench.hub.ids import HubError, HubRef, RepoType, parse_hub_id
 
-Use = Literal["model", "tokenizer"]
+Use = Literal["model", "tokenizer", "config"]
 
 TOKENIZER_PATTERNS = (
     "tokenizer*",
@@ -41,6 +43,14 @@ MODEL_PATTERNS = (
     "*.jinja",
 )
 """A model's weights, config and tokenizer (an adapter repo's adapter files too): never its other files."""
+CONFIG_PATTERNS = ("*.json",)
+"""A repo's JSON files alone: config.json (the model's shape), an adapter's adapter_config.json and the
+workbench's records of its base: what an estimate reads, kilobytes where the weights are gigabytes."""
+_PATTERNS: dict[str, tuple[str, ...]] = {
+    "model": MODEL_PATTERNS,
+    "tokenizer": TOKENIZER_PATTERNS,
+    "config": CONFIG_PATTERNS,
+}
 BIN_WEIGHTS = ("pytorch_model*.bin",)
 """Weights of a repo that has no safetensors (fetched only then)."""
 
@@ -52,7 +62,7 @@ def local_dir(value: str | Path, *, use: Use = "model", field: str = "model.pret
     ref = parse_hub_id(str(value))
     if ref is None:
         return Path(value).expanduser()
-    patterns = MODEL_PATTERNS if use == "model" else TOKENIZER_PATTERNS
+    patterns = _PATTERNS[use]
     folder = hub_snapshot(ref, "model", patterns, field=field)
     if use == "model" and (folder / "config.json").is_file() and not any(folder.glob("*.safetensors")):
         folder = hub_snapshot(ref, "model", (*patterns, *BIN_WEIGHTS), field=field)
@@ -88,7 +98,7 @@ def cached_dir(value: str, *, use: Use = "model") -> Path | None:
     ref = parse_hub_id(value)
     if ref is None:
         return None
-    patterns = MODEL_PATTERNS if use == "model" else TOKENIZER_PATTERNS
+    patterns = _PATTERNS[use]
     try:
         return Path(
             snapshot_download(

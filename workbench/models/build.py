@@ -51,7 +51,9 @@ def transformers_config_of(model_or_config: Any) -> Any:
         if getattr(model_or_config, "pretrained_path", None):
             import transformers as tf
 
-            return tf.AutoConfig.from_pretrained(str(local_dir(model_or_config.pretrained_path)))
+            # a Hub id: its config alone, so an estimate never downloads the weights
+            config_dir = local_dir(model_or_config.pretrained_path, use="config")
+            return tf.AutoConfig.from_pretrained(str(config_dir))
         return hf_config(model_or_config)
     return model_or_config
 
