@@ -6,8 +6,8 @@
   trained here with ``tokenizers`` and handed to transformers' own ``LlamaTokenizer`` / ``GemmaTokenizer``.
 
 Sizes the transformers GGUF reader does not take from the file are its config class's defaults here:
-Qwen3's ``head_dim`` (128), Gemma 2's ``query_pre_attn_scalar`` (256) and softcaps; everything else is
-small (2 layers, hidden 64).
+Qwen3's ``head_dim`` (128), Gemma 2's ``query_pre_attn_scalar`` (256, with Gemma-2-2B's head_dim of 256,
+the scale llama.cpp takes) and softcaps; everything else is small (2 layers, hidden 64).
 """
 
 from __future__ import annotations
@@ -126,8 +126,9 @@ def tiny_model(family: str, vocab_size: int, seed: int = 0) -> Any:
         "qwen3": lambda: tf.Qwen3Config(**common, head_dim=128, tie_word_embeddings=True),
         "mistral": lambda: tf.MistralConfig(**common, tie_word_embeddings=False),
         "gemma": lambda: tf.GemmaConfig(**common, head_dim=16),
+        # Gemma-2-2B's head_dim and query scale: llama.cpp scales queries by 1/sqrt(head_dim)
         "gemma2": lambda: tf.Gemma2Config(
-            **common, head_dim=16, query_pre_attn_scalar=256, sliding_window=64
+            **common, head_dim=256, query_pre_attn_scalar=256, sliding_window=64
         ),
     }
     torch.manual_seed(seed)

@@ -11,7 +11,10 @@ file encodes the same ids, chat template included. Figures (relative: ``‖Δlog
 
 transformers reads no ``gemma`` (Gemma 1) GGUF; that family is read back with the ``gguf`` package's own
 reader into a ``GemmaForCausalLM`` built from the file's metadata. llama.cpp's Python binding, when
-installed, also checks greedy tokens (skipped without it: it compiles llama.cpp to install).
+installed, reads every family's f32 file too: its tokenizer splits the prompt into the same ids, its
+logits are within 1e-3 of the model's (measured 3.5e-5 to 4.3e-4 with llama-cpp-python 0.3.36, which
+keeps its KV cache in f16) and its greedy tokens are equal (skipped without it: installing it compiles
+llama.cpp, about 6 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -209,18 +212,52 @@ def _tiny_bpe() -> Any:
     return core
 
 
-def test_llama_cpp_reads_the_file_and_decodes_the_same_greedy_tokens(tmp_path, cache_dir):
+def test_a_gemma2_query_scale_llama_cpp_would_not_use_is_refused_before_any_weight_is_read(
+    tmp_path, capsys, monkeypatch, cache_dir
+):
+    import workbench.train.start as start
+
+    tokenizer = tokenizer_for("gemma2", str(cache_dir))
+    model = tiny_model("gemma2", len(tokenizer))
+    model.config.query_pre_attn_scalar = 144  # llama.cpp scales a 2-layer Gemma 2 by 1/sqrt(head_dim = 256)
+    model.save_pretrained(tmp_path / "gemma2")
+    tokenizer.save_pretrained(tmp_path / "gemma2")
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("weights were loaded before the config was checked")
+
+    monkeypatch.setattr(start, "load_for_inference", never)
+    capsys.readouterr()
+    assert main(["export", "--model", str(tmp_path / "gemma2"), "--to", "gguf", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and "query_pre_attn_scalar=144" in err
+        and "1/sqrt(head_dim) = 1/sqrt(256)" in err
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llama_cpp_reads_the_file_and_decodes_the_same_greedy_tokens(family, tmp_path, cache_dir):
     llama_cpp = pytest.importorskip(
         "llama_cpp", reason="llama-cpp-python is not installed (it compiles llama.cpp)"
     )
     from workbench.gguf import write_gguf
 
-    tokenizer = tokenizer_for("llama", str(cache_dir))
-    model = tiny_model("llama", len(tokenizer))
+    tokenizer = tokenizer_for(family, str(cache_dir))
+    model = tiny_model(family, len(tokenizer))
     path = write_gguf(model, tokenizer, tmp_path / "m.gguf", outtype="f32")
+    engine = llama_cpp.Llama(model_path=str(path), n_ctx=64, verbose=False, logits_all=True)
     ids = tokenizer(PROMPT)["input_ids"]
+    # llama.cpp's tokenizer, rebuilt from the file alone, splits the prompt as the original does
+    assert engine.tokenize(PROMPT.encode(), add_bos=ids[0] == tokenizer.bos_token_id, special=False) == ids
     with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].float()
         ours = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)[0, len(ids) :].tolist()
-    engine = llama_cpp.Llama(model_path=str(path), n_ctx=64, verbose=False)
+    engine.eval(ids)
+    theirs_logits = torch.from_numpy(np.array(engine.scores[: len(ids)], dtype=np.float32))
+    assert _relative(theirs_logits, reference) < 1e-3
+    engine.reset()
     theirs = [t for t, _ in zip(engine.generate(ids, temp=0.0, top_k=1), range(8))]
     assert theirs == ours

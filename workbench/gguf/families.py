@@ -182,6 +182,7 @@ def metadata(family: GGUFFamily, config: Any) -> list[tuple[str, str, Any]]:
     if family.always_head_dim or dim != config.hidden_size // config.num_attention_heads:
         rows += [("attention.key_length", "uint32", dim), ("attention.value_length", "uint32", dim)]
     if family.model_type == "gemma2":
+        _check_gemma2_query_scale(config, dim)
         rows += [
             ("attn_logit_softcapping", "float32", float(config.attn_logit_softcapping or 0.0)),
             ("final_logit_softcapping", "float32", float(config.final_logit_softcapping or 0.0)),
@@ -206,6 +207,25 @@ def metadata(family: GGUFFamily, config: Any) -> list[tuple[str, str, Any]]:
             f"GGUF export ({family.model_type}): rotary scaling {kind!r} is not written (default, linear, yarn, llama3 are)"
         )
     return [(f"{arch}.{key}", vtype, value) for key, vtype, value in rows]
+
+
+def _check_gemma2_query_scale(config: Any, dim: int) -> None:
+    """Refuse a Gemma 2 whose query scale llama.cpp would get wrong: GGUF has no key for
+    ``query_pre_attn_scalar``, and llama.cpp scales queries by 1/sqrt(head_dim), or for a 46-layer model
+    (Gemma-2-27B) by 1/sqrt(hidden_size / heads), as every published Gemma 2 does."""
+    layers, heads = int(config.num_hidden_layers), int(config.num_attention_heads)
+    assumed, rule = (
+        (config.hidden_size / heads, "hidden_size / num_attention_heads")
+        if layers == 46
+        else (dim, "head_dim")
+    )
+    scalar = float(getattr(config, "query_pre_attn_scalar", None) or dim)
+    if scalar != assumed:
+        raise GGUFFamilyError(
+            f"GGUF export (gemma2): query_pre_attn_scalar={scalar:g}, but llama.cpp scales a {layers}-layer "
+            f"Gemma 2's queries by 1/sqrt({rule}) = 1/sqrt({assumed:g}) and GGUF has no key to say otherwise: "
+            "the file would run a different model (export --to merged keeps it exact)"
+        )
 
 
 def extra_tensors(family: GGUFFamily, config: Any) -> dict[str, np.ndarray]:
