@@ -139,6 +139,28 @@ def test_a_bad_reward_name_is_refused_with_the_config_before_data_and_model_load
         assert "did you mean" in line and out.startswith("") and "train:" not in out, (line, out)
 
 
+def test_from_python_a_reward_that_cannot_be_imported_stops_the_trainer_before_data_and_model_load(
+    tmp_path, monkeypatch
+):
+    import workbench.train.trainer as trainer_module
+    from workbench.config import ConfigError, load_config
+    from workbench.train import Trainer
+
+    def never(*args, **kwargs):
+        raise AssertionError("the data loaded before the reward functions were checked")
+
+    monkeypatch.setattr(trainer_module, "build_datasets", never)
+    base = ["train.objective=grpo", "train.device_type=cpu", f"data.source={tmp_path / 'prompts.jsonl'}"]
+    for overrides, rewards, spec in (
+        ([f"grpo.reward_funcs={HERE}:tensor_reward"], (), f"{HERE}:tensor_reward"),
+        ([f"grpo.eval_reward_funcs={HERE}:tensor_reward"], [scores_none], f"{HERE}:tensor_reward"),
+        ([], ["no_such_module_here:score"], "no_such_module_here"),
+    ):
+        with pytest.raises(ConfigError, match=r"did you mean|cannot be imported") as raised:
+            Trainer(load_config(None, base + overrides), rewards=rewards)
+        assert spec in str(raised.value), raised.value
+
+
 # ---- rewards at run time ---------------------------------------------------------------------------
 
 

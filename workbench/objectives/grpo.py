@@ -93,8 +93,11 @@ class GRPO(Objective):
             raise ValueError(
                 "train.objective='grpo' takes no teacher: distillation and GRPO are separate runs"
             )
+        from workbench.rl.rewards import check_reward_specs
         from workbench.rl.wiring import GRPORun
 
+        # 'module:function' rewards imported now: a typo stops the run before data and the model load
+        check_reward_specs(trainer.cfg.grpo, given=trainer.rewards)
         return GRPORun()
 
 

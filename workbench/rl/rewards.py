@@ -214,11 +214,13 @@ def resolve_reward_funcs(
     return out
 
 
-def check_reward_specs(grpo: GRPOConfig) -> None:
-    """Resolve ``grpo.reward_funcs`` and ``grpo.eval_reward_funcs`` (imports ``module:function``
-    specs), so a spec that names no function is a `ConfigError` before data or a model load (``train``
-    calls it with the config; the config's own validation checks the built-in names, importing nothing)."""
-    resolve_reward_funcs(grpo.reward_funcs, grpo)
+def check_reward_specs(grpo: GRPOConfig, given: Sequence[Any] = ()) -> None:
+    """Resolve ``grpo.reward_funcs`` (or `given`, the functions ``Trainer(cfg, rewards=...)`` takes in
+    their place) and ``grpo.eval_reward_funcs``, importing ``module:function`` specs, so a spec that names
+    no function is a `ConfigError` before data or a model load (``train`` calls it with the config, the
+    GRPO objective when a `Trainer` starts; the config's own validation checks the built-in names,
+    importing nothing)."""
+    resolve_reward_funcs(list(given) or grpo.reward_funcs, grpo)
     if grpo.eval_reward_funcs is not None:
         resolve_reward_funcs(grpo.eval_reward_funcs, grpo, field="grpo.eval_reward_funcs")
 

@@ -150,6 +150,10 @@ class Trainer:
         self.tokenizer = tokenizer
         for message in idle_settings(cfg, teacher=teacher):  # another objective's settings: named, unread
             self._notice(message)
+        self.teacher, self.rewards = teacher, list(rewards)
+        # train.objective's side of the run (`workbench.objectives`): what it refuses (a teacher it takes
+        # none of, a reward function that cannot be imported) stops the run before data or a model loads
+        self.objective_run = objective_for(cfg).start(self, teacher=teacher)
         if train_dataset is None:
             train_dataset, built_eval, self.tokenizer = build_datasets(cfg, tokenizer)
             eval_dataset = built_eval if eval_dataset is None else eval_dataset
@@ -163,9 +167,6 @@ class Trainer:
             replicas=self.replicas,
             batch_sharding=batch_sharding(self.mesh) if self.mesh is not None else None,
         )
-        self.teacher, self.rewards = teacher, list(rewards)
-        # train.objective's side of the run (`workbench.objectives`): it refuses what it cannot train
-        self.objective_run = objective_for(cfg).start(self, teacher=teacher)
         self.objective_run.check_data(self)
         shares = self.mesh_spec if self.mesh_spec is not None else {"data": self.dp_size}  # torchrun: ranks
         self.model = run_model(cfg, model, self.tokenizer, hw=self.hw, notice=self._notice, mesh=shares)
