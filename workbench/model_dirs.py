@@ -169,9 +169,8 @@ def _recorded_base(path: Path, adapter: dict[str, Any], field: str, use: Use = "
         names.append(str(_read_json(recorded).get("name_or_path") or ""))
     names.append(str(adapter.get("base_model_name_or_path") or ""))
     for name in filter(None, names):
-        candidate = local_dir(
-            name, field=f"the base {str(path)!r} records", use=use
-        )  # a Hub id: its snapshot
+        # a Hub id: its snapshot
+        candidate = local_dir(name, field=f"the base {str(path)!r} records", use=use)
         if candidate.is_dir():
             return candidate
     named = next(filter(None, names), None)
