@@ -76,6 +76,9 @@ def build_hub_cache(cache: Path, tokenizer: Any) -> Path:
     build_model(tiny, vocab_size=len(tokenizer)).save_pretrained(model)
     tokenizer.save_pretrained(model)
     (model / "notes.bin").write_bytes(b"not a file a model download fetches")
+    # what `plan` leaves of a Hub id it priced: the JSON files alone
+    planned = _repo(cache, "models", "org/planned", MODEL_COMMIT)
+    (planned / "config.json").write_text((model / "config.json").read_text())
 
     data = _repo(cache, "datasets", "org/data", DATA_COMMIT)
     (data / "README.md").write_text(DATA_CARD)

@@ -455,11 +455,21 @@ def test_the_doctor_sizes_a_cached_hub_model_and_only_warns_for_one_not_download
         and f"models--org--tiny/snapshots/{MODEL_COMMIT}" in check.saw
         and needs is not None
     )
-    check, _ = model_check(load_config(None, ["model.pretrained_path=org/later"]), DoctorRoots())
-    assert (
-        check.status == "warn"
-        and "is a Hub id not in the local Hub cache yet: the run downloads it" in check.saw
-    )
+    for later in ("org/later", "org/planned"):  # not cached; only the JSON files a plan fetched
+        check, _ = model_check(load_config(None, [f"model.pretrained_path={later}"]), DoctorRoots())
+        assert (
+            check.status == "warn"
+            and "is a Hub id not in the local Hub cache yet: the run downloads it" in check.saw
+        ), (later, check)
+
+
+def test_offline_a_snapshot_with_only_the_json_files_a_plan_fetched_is_one_line_naming_it(offline_hub):
+    assert main(["plan", "model.pretrained_path=org/planned", "--chip", "v5e-1"]) == 0  # the shape is there
+    with pytest.raises(HubError) as raised:
+        hub_resolve.local_dir("org/planned")  # a run's load needs the weights
+    message = str(raised.value)
+    assert "org/planned" in message and "no weights" in message and "unset HF_HUB_OFFLINE" in message
+    assert "\n" not in message
 
 
 def test_plan_on_a_hub_id_asks_for_its_json_files_never_its_weights(offline_hub, monkeypatch, capsys):

@@ -66,7 +66,24 @@ def local_dir(value: str | Path, *, use: Use = "model", field: str = "model.pret
     folder = hub_snapshot(ref, "model", patterns, field=field)
     if use == "model" and (folder / "config.json").is_file() and not any(folder.glob("*.safetensors")):
         folder = hub_snapshot(ref, "model", (*patterns, *BIN_WEIGHTS), field=field)
+    if use == "model" and not has_weights(folder):
+        # offline, a snapshot a plan's look left (its JSON files alone) comes back as it is
+        fix = (
+            "unset HF_HUB_OFFLINE to download them"
+            if offline()
+            else "the repo has none (*.safetensors, pytorch_model*.bin): give a model repo"
+        )
+        raise HubError(
+            f"{field}={str(value)!r}: the local Hub cache ({cache_dir()}) holds {ref}'s JSON files but no "
+            f"weights: {fix}, or give a local directory"
+        )
     return folder
+
+
+def has_weights(folder: Path) -> bool:
+    """Whether a model snapshot holds weights (a model's or an adapter's), not only the JSON files an
+    estimate fetched (``use="config"``)."""
+    return any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
 
 
 def hub_snapshot(ref: HubRef, repo_type: RepoType, patterns: Sequence[str], *, field: str) -> Path:
@@ -100,13 +117,16 @@ def cached_dir(value: str, *, use: Use = "model") -> Path | None:
         return None
     patterns = _PATTERNS[use]
     try:
-        return Path(
+        folder = Path(
             snapshot_download(
                 ref.repo_id, revision=ref.revision, allow_patterns=list(patterns), local_files_only=True
             )
         )
     except Exception:  # not cached (LocalEntryNotFoundError), or cached incompletely
         return None
+    if use == "model" and not has_weights(folder):
+        return None  # only the JSON files an estimate fetched: the weights are still to download
+    return folder
 
 
 def offline() -> bool:
