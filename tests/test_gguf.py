@@ -175,30 +175,33 @@ def test_other_outtypes_stay_within_their_figures(outtype, figure, tmp_path, cac
     assert _relative(_logits(_load(path, "llama"), ids), _logits(model, ids)) < figure
 
 
+def _refusal_before_any_weight_is_read(model_dir: Path, out: Path, monkeypatch, capsys) -> str:
+    """``export --to gguf`` of `model_dir`: exit 2 with one ``error:`` line, no weight loaded, nothing written;
+    returns the line."""
+    import workbench.train.start as start
+
+    def never(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("weights were loaded before the export was checked")
+
+    monkeypatch.setattr(start, "load_for_inference", never)
+    capsys.readouterr()
+    assert main(["export", "--model", str(model_dir), "--to", "gguf", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert not out.exists()
+    return err
+
+
 def test_a_family_gguf_cannot_hold_is_refused_by_name_before_any_weight_is_read(
     tmp_path, capsys, monkeypatch
 ):
     import transformers as tf
 
-    import workbench.train.start as start
-
     model = tf.GPT2LMHeadModel(tf.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300))
     model.save_pretrained(tmp_path / "gpt2")
     tf.GPT2TokenizerFast(tokenizer_object=_tiny_bpe()).save_pretrained(tmp_path / "gpt2")
-
-    def never(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("weights were loaded before the family was checked")
-
-    monkeypatch.setattr(start, "load_for_inference", never)
-    capsys.readouterr()
-    assert main(["export", "--model", str(tmp_path / "gpt2"), "--to", "gguf", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert (
-        err.count("\n") == 1
-        and "'gpt2' family" in err
-        and "llama, mistral, qwen2, qwen3, gemma, gemma2" in err
-    )
-    assert not (tmp_path / "out").exists()
+    err = _refusal_before_any_weight_is_read(tmp_path / "gpt2", tmp_path / "out", monkeypatch, capsys)
+    assert "'gpt2' family" in err and "llama, mistral, qwen2, qwen3, gemma, gemma2" in err
 
 
 def _tiny_bpe() -> Any:
@@ -215,27 +218,13 @@ def _tiny_bpe() -> Any:
 def test_a_gemma2_query_scale_llama_cpp_would_not_use_is_refused_before_any_weight_is_read(
     tmp_path, capsys, monkeypatch, cache_dir
 ):
-    import workbench.train.start as start
-
     tokenizer = tokenizer_for("gemma2", str(cache_dir))
     model = tiny_model("gemma2", len(tokenizer))
     model.config.query_pre_attn_scalar = 144  # llama.cpp scales a 2-layer Gemma 2 by 1/sqrt(head_dim = 256)
     model.save_pretrained(tmp_path / "gemma2")
     tokenizer.save_pretrained(tmp_path / "gemma2")
-
-    def never(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("weights were loaded before the config was checked")
-
-    monkeypatch.setattr(start, "load_for_inference", never)
-    capsys.readouterr()
-    assert main(["export", "--model", str(tmp_path / "gemma2"), "--to", "gguf", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert (
-        err.count("\n") == 1
-        and "query_pre_attn_scalar=144" in err
-        and "1/sqrt(head_dim) = 1/sqrt(256)" in err
-    )
-    assert not (tmp_path / "out").exists()
+    err = _refusal_before_any_weight_is_read(tmp_path / "gemma2", tmp_path / "out", monkeypatch, capsys)
+    assert "query_pre_attn_scalar=144" in err and "1/sqrt(head_dim) = 1/sqrt(256)" in err
 
 
 @pytest.mark.parametrize("family", FAMILIES)
