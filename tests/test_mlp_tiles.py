@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.tiny import tiny
+from tests.tiny import nonzero_adapters, tiny
 from workbench.analysis.estimate import estimate
 from workbench.config import ConfigError, LoraConfig
 from workbench.families import FAMILY_NAMES
@@ -35,12 +35,7 @@ def _model(family: str, *, tokens: int | None, lora: bool = True) -> nn.Module:
     if tokens:
         install_mlp_tiles(model, MlpTiling(tokens))
     if lora:
-        model = apply_lora(model, LoraConfig(rank=4), seed=0)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(1)
-            for name, p in model.named_parameters():
-                if "lora_B" in name:  # non-zero, so every adapter (lora_A too) has a gradient
-                    nn.init.normal_(p, std=0.02)
+        model = nonzero_adapters(apply_lora(model, LoraConfig(rank=4), seed=0))
     return model.train()
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, xla_env
-from tests.tiny import tiny
+from tests.tiny import nonzero_adapters, tiny
 from workbench.analysis.estimate import BREAKDOWN_KEYS, BREAKDOWN_MEANINGS, config_settings, estimate
 from workbench.analysis.long_context import HOST_KEYS, IN_FLIGHT_CHECKPOINTS
 from workbench.backend.native.offload import HostOffload, offloaded_checkpoint_function
@@ -59,12 +59,7 @@ def _lora_step(way: str, offload: HostOffload | None = None):
         model._set_gradient_checkpointing(
             enable=True, gradient_checkpointing_func=offloaded_checkpoint_function(offload)
         )
-    model = apply_lora(model, LoraConfig(rank=4), seed=0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        for name, p in model.named_parameters():
-            if "lora_B" in name:  # non-zero, so every adapter has a gradient
-                torch.nn.init.normal_(p, std=0.02)
+    model = nonzero_adapters(apply_lora(model, LoraConfig(rank=4), seed=0))
     model.train()
     ids = torch.randint(3, 500, (2, 40), generator=torch.Generator().manual_seed(0))
     loss = model(input_ids=ids, labels=ids).loss

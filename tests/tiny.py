@@ -3,6 +3,8 @@ with every size divisible by the meshes the tests use (heads and hidden over mod
 
 from __future__ import annotations
 
+from typing import Any
+
 from workbench.config import ModelConfig
 
 
@@ -20,3 +22,16 @@ def tiny(family: str, **overrides) -> ModelConfig:
     )
     fields.update(overrides)
     return ModelConfig(**fields)
+
+
+def nonzero_adapters(model: Any) -> Any:
+    """`model` with its LoRA B matrices drawn from N(0, 0.02) under seed 1 (the global RNG left as it was):
+    B starts at zero, which would leave every A's gradient zero. Returns `model`."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(parameter, std=0.02)
+    return model

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tests.tiny import tiny
+from tests.tiny import nonzero_adapters, tiny
 from tests.xla import run
 from workbench.analysis.estimate import estimate
 from workbench.backend.xla import compile_log, host_offload, runtime
@@ -53,12 +53,7 @@ def _step(length: int, *, offload: bool, placements: Any = "none") -> tuple[torc
     host_offload.use_placements(placements)
     model = build_model(_config(length), seed=0)
     use_attention(model, "chunked")
-    model = apply_lora(model, LoraConfig(rank=4), seed=0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        for name, p in model.named_parameters():
-            if "lora_B" in name:  # non-zero, so every adapter has a gradient
-                torch.nn.init.normal_(p, std=0.02)
+    model = nonzero_adapters(apply_lora(model, LoraConfig(rank=4), seed=0))
     install_scan(model, remat=True, offload=offload)
     dev = runtime.device()
     model.to(dev).train()
