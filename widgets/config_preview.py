@@ -5,8 +5,9 @@ of the data's token lengths beside the count 'auto' would pick.
 - `load_lengths`: the token lengths the bucketing preview plans over (given, a `datasets.Dataset`'s
   'length' column, or the config's own data tokenised by `workbench.data`), and why there are none.
 - `estimate_settings`: the config as `workbench.analysis.estimate.estimate`'s arguments on the
-  target: the config's own settings (`config_settings`), its mesh, and the attention kernel the
-  target runs for ``model.attention`` (flash on a TPU for 'auto', sdpa on a GPU).
+  target (`workbench.analysis.config_estimate.config_settings_on`): the config's own settings, its
+  mesh, and the attention kernel the target runs for ``model.attention`` (flash on a TPU for 'auto',
+  sdpa on a GPU) at a training row's length.
 - `BucketPreview`: the planned buckets (`workbench.data.buckets.plan_buckets`, or the 'auto'
   choice, `workbench.data.bucket_choice.choose_buckets`) for a config and the two costs the choice
   weighs, cached per setting, so a change of a memory setting replans nothing.
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from workbench.analysis.batch import max_batch_size
-from workbench.analysis.estimate import config_settings, estimate_attention
+from workbench.analysis.config_estimate import config_settings_on
 from workbench.analysis.estimate import estimate as estimate_memory
 from workbench.backend.targets import Target
 from workbench.config import WorkbenchConfig
@@ -66,14 +67,7 @@ def mesh_axes(cfg: WorkbenchConfig) -> tuple[int, int, int]:
 def estimate_settings(cfg: WorkbenchConfig, target: Target) -> dict[str, Any]:
     """`estimate`'s (and `max_batch_size`'s) keyword arguments for `cfg` on `target`, beside the
     model, batch, sequence length and memory."""
-    settings = config_settings(cfg)
-    # a GRPO row is the prompt and its completion
-    longest = settings["objective"].positions(cfg.data.max_length)
-    return dict(
-        settings,
-        mesh=dict(zip(("data", "fsdp", "model"), mesh_axes(cfg))),
-        attention=estimate_attention(cfg.model.attention, target, seq_len=longest, model_config=cfg.model),
-    )
+    return config_settings_on(cfg, target, mesh=dict(zip(("data", "fsdp", "model"), mesh_axes(cfg))))
 
 
 class BucketPreview:

@@ -95,18 +95,13 @@ class ChipPlan:
 def plan_chip(cfg: WorkbenchConfig, target: Any) -> ChipPlan:
     """The estimate, the fit, the largest batch and the warm-up's programs of `cfg` on `target`."""
     from workbench.analysis.batch import max_batch_size
-    from workbench.analysis.estimate import config_settings, estimate, estimate_attention
+    from workbench.analysis.config_estimate import config_settings_on
+    from workbench.analysis.estimate import estimate
     from workbench.parallel.mesh import MeshSpec, data_parallel_size
 
     mesh = MeshSpec.from_config(cfg.mesh).resolve(target.num_devices) if cfg.mesh.enabled else None
     devices = math.prod((mesh.data, mesh.fsdp, mesh.model)) if mesh is not None else 1
-    settings = config_settings(cfg)
-    # a GRPO row is the prompt and its completion
-    longest = settings["objective"].positions(cfg.data.max_length)
-    settings.update(
-        mesh=mesh,
-        attention=estimate_attention(cfg.model.attention, target, seq_len=longest, model_config=cfg.model),
-    )
+    settings = config_settings_on(cfg, target, mesh=mesh)
     memory = target.memory_per_device_bytes
     est = estimate(
         cfg.model,

@@ -5,13 +5,15 @@ panel, the dynamic batch's cap) the settings a config fixes: optimizer, precisio
 accumulation, LoRA, quantization, loss chunks, the run's objective's term
 (`workbench.objective_registry.Objective.memory`: a DPO run's pairs and reference, a GRPO run's
 rollout), the layers' checkpoints in host memory and the MLP in tiles (`workbench.analysis.long_context`). The batch, the length, the
-mesh, the device's memory and the attention kernel its hardware runs are the caller's.
+mesh, the device's memory and the attention kernel its hardware runs are the caller's;
+`config_settings_on` adds the mesh and that kernel for a target.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from workbench.analysis.activations import estimate_attention
 from workbench.analysis.objective_memory import NEXT_TOKEN
 from workbench.objective_registry import objective_for
 
@@ -36,3 +38,13 @@ def config_settings(cfg: Any) -> dict[str, Any]:
         offload_activations=train.offload_activations,
         mlp_chunk_tokens=cfg.model.mlp_chunk_tokens,
     )
+
+
+def config_settings_on(cfg: Any, target: Any, *, mesh: Any) -> dict[str, Any]:
+    """`config_settings(cfg)` with `mesh` and the attention kernel ``model.attention`` runs on `target`
+    (a `workbench.backend.targets` chip) at a training row's length: the objective's (a GRPO row is the
+    prompt and its completion). What ``plan`` and the config panel price a config with."""
+    settings = config_settings(cfg)
+    longest = settings["objective"].positions(cfg.data.max_length)
+    attention = estimate_attention(cfg.model.attention, target, seq_len=longest, model_config=cfg.model)
+    return dict(settings, mesh=mesh, attention=attention)
